@@ -1,0 +1,273 @@
+// Package client speaks the requestor protocol for Go programs: submit a
+// node request, wait for it, take the nodes, give them back. It uses only
+// the public contract (the nodepool.requests.new subject and the
+// nodepool-requests and nodepool-nodes buckets), as any other client would.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Errors of the requestor protocol.
+var (
+	// ErrRequestFailed: the request ended in state failed; the error says why.
+	ErrRequestFailed = errors.New("request failed")
+	// ErrRequestDeleted: the request record disappeared while waiting.
+	ErrRequestDeleted = errors.New("request was deleted")
+	// ErrNotReady: the node is not ready (and allocated as expected).
+	ErrNotReady = errors.New("node is not ready for this request")
+)
+
+// Client is a connection to nodepool's NATS server.
+type Client struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	b     *kv.Buckets
+	owned bool
+}
+
+// ConnectOptions builds nats.Options from the process settings: URL, creds
+// and TLS. With no URL it points at the embedded server's address.
+func ConnectOptions(s config.Settings, name string) (string, []nats.Option) {
+	url := s.NatsURL
+	if url == "" {
+		url = "nats://" + s.NatsListen
+	}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond)}
+	if s.NatsCreds != "" {
+		opts = append(opts, nats.UserCredentials(s.NatsCreds))
+	}
+	if s.NatsTLSCA != "" {
+		opts = append(opts, nats.RootCAs(s.NatsTLSCA))
+	}
+	if s.NatsTLSCert != "" || s.NatsTLSKey != "" {
+		opts = append(opts, nats.ClientCert(s.NatsTLSCert, s.NatsTLSKey))
+	}
+	return url, opts
+}
+
+// Connect connects with the process settings.
+func Connect(ctx context.Context, s config.Settings) (*Client, error) {
+	url, opts := ConnectOptions(s, "nodepool-client")
+	nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(2))...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS at %s (is `nodepool run` up, or NODEPOOL_NATS_URL set?): %w", url, err)
+	}
+	c, err := New(ctx, nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.owned = true
+	return c, nil
+}
+
+// New uses an existing connection; the buckets must exist (a launcher
+// creates them).
+func New(ctx context.Context, nc *nats.Conn) (*Client, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	b, err := kv.Open(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{nc: nc, js: js, b: b}, nil
+}
+
+// Close closes the connection if Connect opened it.
+func (c *Client) Close() {
+	if c.owned {
+		c.nc.Close()
+	}
+}
+
+// Buckets gives access to the stores, for tools that need more.
+func (c *Client) Buckets() *kv.Buckets { return c.b }
+
+// JetStream is the client's JetStream context.
+func (c *Client) JetStream() jetstream.JetStream { return c.js }
+
+// Submit publishes a request and returns its id.
+func (c *Client) Submit(ctx context.Context, m events.RequestMessage) (string, error) {
+	return events.PublishRequest(ctx, c.js, m)
+}
+
+// Wait watches a request until it is fulfilled or failed. A failed request
+// is returned with an error wrapping ErrRequestFailed.
+func (c *Client) Wait(ctx context.Context, id string) (kv.Entry[kv.Request], error) {
+	w, err := c.b.Requests.Bucket().Watch(ctx, id)
+	if err != nil {
+		return kv.Entry[kv.Request]{}, err
+	}
+	defer func() { _ = w.Stop() }()
+	seen := false
+	for {
+		select {
+		case <-ctx.Done():
+			return kv.Entry[kv.Request]{}, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return kv.Entry[kv.Request]{}, fmt.Errorf("waiting for request %s: watch closed", id)
+			}
+			if e == nil {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				if seen {
+					return kv.Entry[kv.Request]{}, fmt.Errorf("request %s: %w", id, ErrRequestDeleted)
+				}
+				continue
+			}
+			seen = true
+			r, err := kv.Decode[kv.Request](id, e.Value())
+			if err != nil {
+				return kv.Entry[kv.Request]{}, err
+			}
+			entry := kv.Entry[kv.Request]{Key: id, Value: r, Revision: e.Revision()}
+			switch r.State {
+			case kv.RequestFulfilled:
+				return entry, nil
+			case kv.RequestFailed:
+				return entry, fmt.Errorf("request %s: %w: %s", id, ErrRequestFailed, r.Reason)
+			}
+		}
+	}
+}
+
+// Take moves a node allocated to a request from ready to in-use, held by
+// holder. A non-nil leaseUntil makes the holder responsible for renewing it
+// (Renew): an in-use node whose lease ran out is deleted.
+func (c *Client) Take(ctx context.Context, nodeID, requestID, holder string, leaseUntil *time.Time) (kv.Entry[kv.Node], error) {
+	return c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.State != kv.NodeReady || (requestID != "" && n.AllocatedTo != requestID) {
+			return fmt.Errorf("node %s is %s, allocated to %q: %w", nodeID, n.State, n.AllocatedTo, ErrNotReady)
+		}
+		n.SetState(kv.NodeInUse, time.Now().UTC())
+		n.Holder = holder
+		n.LeaseUntil = leaseUntil
+		return nil
+	})
+}
+
+// Renew extends the lease of a node this holder has in use.
+func (c *Client) Renew(ctx context.Context, nodeID, holder string, leaseUntil time.Time) error {
+	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.State != kv.NodeInUse || n.Holder != holder {
+			return fmt.Errorf("node %s is %s, held by %q, not by %q", nodeID, n.State, n.Holder, holder)
+		}
+		n.LeaseUntil = &leaseUntil
+		return nil
+	})
+	return err
+}
+
+// Return gives a node back (state used); nodepool then deletes it.
+func (c *Client) Return(ctx context.Context, nodeID string) error {
+	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		switch n.State {
+		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
+		case kv.NodeUsed, kv.NodeDeleting:
+			return kv.ErrSkip
+		default:
+			return fmt.Errorf("node %s is %s; only in-use, ready or held nodes can be returned", nodeID, n.State)
+		}
+		n.SetState(kv.NodeUsed, time.Now().UTC())
+		return nil
+	})
+	if errors.Is(err, kv.ErrSkip) {
+		return nil
+	}
+	return err
+}
+
+// DeleteNode asks for a node to be deleted whatever its state (an
+// operator's `nodepool delete`).
+func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {
+	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.State == kv.NodeDeleting {
+			return kv.ErrSkip
+		}
+		n.SetState(kv.NodeDeleting, time.Now().UTC())
+		n.Launcher = ""
+		n.DriverData = nil
+		return nil
+	})
+	if errors.Is(err, kv.ErrSkip) {
+		return nil
+	}
+	return err
+}
+
+// DeleteRequest removes a request record; nodes allocated to it and not yet
+// taken go back to the pool.
+func (c *Client) DeleteRequest(ctx context.Context, id string) error {
+	e, err := c.b.Requests.Get(ctx, id)
+	if err != nil && !errors.Is(err, kv.ErrBadRecord) {
+		return err
+	}
+	return c.b.Requests.Delete(ctx, id, e.Revision)
+}
+
+// Request runs the whole requestor protocol: submit, wait, take every node
+// for holder, delete the request. It returns the nodes in label order. If
+// taking fails half way, the nodes taken are given back.
+func (c *Client) Request(ctx context.Context, m events.RequestMessage, holder string) ([]kv.Node, error) {
+	id, err := c.Submit(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.Wait(ctx, id)
+	if err != nil {
+		if errors.Is(err, ErrRequestFailed) {
+			_ = c.DeleteRequest(context.WithoutCancel(ctx), id)
+		}
+		return nil, err
+	}
+	nodes := make([]kv.Node, 0, len(r.Value.Nodes))
+	for _, nid := range r.Value.Nodes {
+		e, err := c.Take(ctx, nid, id, holder, nil)
+		if err != nil {
+			for _, n := range nodes {
+				_ = c.Return(context.WithoutCancel(ctx), n.ID)
+			}
+			_ = c.DeleteRequest(context.WithoutCancel(ctx), id)
+			return nil, fmt.Errorf("taking node %s of request %s: %w", nid, id, err)
+		}
+		nodes = append(nodes, e.Value)
+	}
+	if err := c.DeleteRequest(ctx, id); err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return nodes, fmt.Errorf("deleting request %s after taking its nodes: %w", id, err)
+	}
+	return nodes, nil
+}
+
+// Nodes lists every node record.
+func (c *Client) Nodes(ctx context.Context) ([]kv.Entry[kv.Node], error) { return c.b.Nodes.List(ctx) }
+
+// Requests lists every request record.
+func (c *Client) Requests(ctx context.Context) ([]kv.Entry[kv.Request], error) {
+	return c.b.Requests.List(ctx)
+}
+
+// Components lists the live launchers and builders.
+func (c *Client) Components(ctx context.Context) ([]kv.Entry[kv.Component], error) {
+	return c.b.Components.List(ctx)
+}
+
+// Holder is a default holder name for people: user@host.
+func Holder(user, host string) string {
+	return strings.TrimSpace(user) + "@" + strings.TrimSpace(host)
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nodepool-nats/nodepool/client"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+func (a *app) connect(ctx context.Context) (*client.Client, error) {
+	return client.Connect(ctx, a.settings)
+}
+
+func (a *app) configValidateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "config-validate [FILE]",
+		Short: "Check a nodepool.yaml; exits non-zero and names every problem",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := a.settings.Config
+			if len(args) == 1 {
+				path = args[0]
+			}
+			cfg, err := config.Load(path)
+			if err != nil {
+				fmt.Fprintln(a.err, err)
+				return exitError{code: 1}
+			}
+			pools := 0
+			for _, p := range cfg.Providers {
+				pools += len(p.Pools)
+			}
+			fmt.Fprintf(a.out, "%s is valid: %d labels, %d providers, %d pools\n", path, len(cfg.Labels), len(cfg.Providers), pools)
+			return nil
+		},
+	}
+}
+
+func (a *app) requestCmd() *cobra.Command {
+	var (
+		asJSON    bool
+		timeout   time.Duration
+		id        string
+		requestor string
+		holder    string
+		priority  int
+		provider  string
+		noReuse   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "request LABEL...",
+		Short: "Request nodes, wait for them, take them and print them",
+		Long: `Request one node per LABEL, wait until the request is fulfilled, take the
+nodes (state in-use, held by --holder) and delete the request, as any
+requestor does. Give each node back with "nodepool return NODE" when done.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, labels []string) error {
+			ctx := cmd.Context()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			c, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			m := events.RequestMessage{ID: id, Labels: labels, Requestor: requestor, Provider: provider}
+			if cmd.Flags().Changed("priority") {
+				m.Priority = &priority
+			}
+			if noReuse {
+				f := false
+				m.Reuse = &f
+			}
+			nodes, err := c.Request(ctx, m, holder)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.out, nodes)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tLABEL\tPROVIDER\tPOOL\tSTATE\tIP\tUSERNAME\tPORT\tHOLDER")
+			for _, n := range nodes {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", n.ID, strings.Join(n.Labels, ","), n.Provider, n.Pool,
+					n.State, orDash(n.InterfaceIP), orDash(n.Username), n.ConnectionPort, n.Holder)
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print the node records as JSON")
+	f.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long (0: wait for ever)")
+	f.StringVar(&id, "id", "", "request id (default: assigned by the stream)")
+	f.StringVar(&requestor, "requestor", "nodepool-cli", "requestor name recorded on the request")
+	f.StringVar(&holder, "holder", defaultHolder(), "holder recorded on the nodes taken")
+	f.IntVar(&priority, "priority", events.DefaultPriority, "priority (lower is served first)")
+	f.StringVar(&provider, "provider", "", "prefer this provider")
+	f.BoolVar(&noReuse, "no-reuse", false, "always launch new nodes instead of taking ready ones")
+	return cmd
+}
+
+func defaultHolder() string {
+	name := "nodepool"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return client.Holder(name, host)
+}
+
+func (a *app) listCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			entries, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			nodes := make([]kv.Node, len(entries))
+			for i, e := range entries {
+				nodes[i] = e.Value
+			}
+			slices.SortFunc(nodes, func(x, y kv.Node) int {
+				if c := x.Created.Compare(y.Created); c != 0 {
+					return c
+				}
+				return strings.Compare(x.ID, y.ID)
+			})
+			if asJSON {
+				return writeJSON(a.out, nodes)
+			}
+			now := time.Now()
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tLABEL\tSTATE\tAGE\tALLOCATED TO\tHOLDER\tIP\tEXTERNAL ID\tLAUNCHER\tCOMMENT")
+			for _, n := range nodes {
+				comment := n.Comment
+				if comment == "" {
+					comment = n.Reason
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Provider, n.Pool, strings.Join(n.Labels, ","),
+					n.State, age(n.StateTime, now), orDash(n.AllocatedTo), orDash(n.Holder), orDash(n.InterfaceIP),
+					orDash(n.ExternalID), orDash(n.Launcher), orDash(comment))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the node records as JSON")
+	return cmd
+}
+
+func (a *app) requestListCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "request-list",
+		Short: "List node requests",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			entries, err := c.Requests(cmd.Context())
+			if err != nil {
+				return err
+			}
+			reqs := make([]kv.Request, len(entries))
+			for i, e := range entries {
+				reqs[i] = e.Value
+			}
+			slices.SortFunc(reqs, func(x, y kv.Request) int {
+				if c := x.Created.Compare(y.Created); c != 0 {
+					return c
+				}
+				return strings.Compare(x.ID, y.ID)
+			})
+			if asJSON {
+				return writeJSON(a.out, reqs)
+			}
+			now := time.Now()
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tLABELS\tNODES\tPOOL\tREQUESTOR\tPRIORITY\tAGE\tREASON")
+			for _, r := range reqs {
+				pool := "-"
+				if r.Provider != "" {
+					pool = kv.PoolRef(r.Provider, r.Pool)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.ID, r.State, strings.Join(r.Labels, ","),
+					orDash(strings.Join(r.Nodes, ",")), pool, orDash(r.Requestor), r.Priority, r.RelativePriority,
+					age(r.Created, now), orDash(r.Reason))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the request records as JSON")
+	return cmd
+}
+
+func (a *app) returnCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "return NODE...",
+		Short: "Give nodes back (state used); nodepool deletes them",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			return a.eachNode(cmd.Context(), ids, "returned", func(c *client.Client, id string) error {
+				return c.Return(cmd.Context(), id)
+			})
+		},
+	}
+}
+
+func (a *app) deleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete NODE...",
+		Short: "Delete nodes whatever their state",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			return a.eachNode(cmd.Context(), ids, "marked for deletion", func(c *client.Client, id string) error {
+				return c.DeleteNode(cmd.Context(), id)
+			})
+		},
+	}
+}
+
+// eachNode applies fn to each node id and reports each outcome; it fails if
+// any failed.
+func (a *app) eachNode(ctx context.Context, ids []string, done string, fn func(*client.Client, string) error) error {
+	c, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	failed := 0
+	for _, id := range ids {
+		if err := fn(c, id); err != nil {
+			if errors.Is(err, kv.ErrNotFound) {
+				err = fmt.Errorf("no node %q", id)
+			}
+			fmt.Fprintf(a.err, "%s: %v\n", id, err)
+			failed++
+			continue
+		}
+		fmt.Fprintf(a.out, "%s %s\n", id, done)
+	}
+	if failed > 0 {
+		return exitError{code: 1}
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

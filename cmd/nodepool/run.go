@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/service"
+)
+
+func (a *app) runCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon: the launcher and builder worker groups",
+		Long: `Run the daemon. With NODEPOOL_NATS_URL unset it starts an embedded NATS
+server (JetStream, files under NODEPOOL_DATA_DIR, listening on
+NODEPOOL_NATS_LISTEN, 127.0.0.1:4222 by default); otherwise it connects to
+that server. Every setting is read from its NODEPOOL_* variable and may be
+given as a flag instead. SIGINT or SIGTERM stops it cleanly.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context()) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.flags.DataDir, "data-dir", "", "embedded JetStream store and image files [NODEPOOL_DATA_DIR] (default ./data)")
+	f.StringSliceVar(&a.flags.Roles, "roles", nil, "worker groups to run: launcher, builder [NODEPOOL_ROLES] (default both)")
+	f.StringVar(&a.flags.ID, "id", "", "this process's identity [NODEPOOL_ID] (default hostname-pid)")
+	f.StringVar(&a.flags.HTTPAddr, "http-addr", "", "status API and metrics; empty turns it off [NODEPOOL_HTTP_ADDR] (default 127.0.0.1:8005)")
+	f.IntVar(&a.flags.Replicas, "replicas", 0, "replicas of streams and buckets: 1, 3 or 5 [NODEPOOL_REPLICAS] (default 1)")
+	f.DurationVar(&a.flags.LeaseTTL, "lease-ttl", 0, "life of a lease or heartbeat without renewal [NODEPOOL_LEASE_TTL] (default 10s)")
+	f.DurationVar(&a.flags.SyncInterval, "sync-interval", 0, "period of the cleanup and reconciliation sweeps [NODEPOOL_SYNC_INTERVAL] (default 5s)")
+	return cmd
+}
+
+func (a *app) run(ctx context.Context) error {
+	s := a.settings
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	log := a.logger().With("id", s.ID)
+	cfg, err := config.Load(s.Config)
+	if err != nil {
+		return err
+	}
+	p, err := service.Start(ctx, s, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+
+	var srv *http.Server
+	if s.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", s.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("status API cannot listen on %s (set NODEPOOL_HTTP_ADDR to another address, or empty to turn it off): %w", s.HTTPAddr, err)
+		}
+		srv = &http.Server{Handler: statusHandler(p), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("status API stopped", "err", err)
+			}
+		}()
+		log.Info("status API listening", "addr", ln.Addr().String())
+	}
+	log.Info("nodepool running", "config", s.Config, "roles", s.Roles, "nats", natsDescription(s))
+	err = p.Run(ctx)
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+	}
+	return err
+}
+
+func natsDescription(s config.Settings) string {
+	if s.Embedded() {
+		return "embedded on " + s.NatsListen
+	}
+	return s.NatsURL
+}
+
+// statusHandler serves /healthz, /metrics (Prometheus) and /api/status.
+func statusHandler(p *service.Process) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !p.Conn().IsConnected() {
+			http.Error(w, "not connected to NATS", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	if l := p.Launcher(); l != nil {
+		for _, c := range l.Metrics().Counters() {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.Name, Help: c.Help},
+				func() float64 { return float64(c.V.Load()) }))
+		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nodepool_nodes", Help: "Node records seen by this process."},
+			func() float64 { return float64(l.Nodes().Len()) }))
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
+		st := map[string]any{"id": p.Settings.ID, "roles": p.Settings.Roles, "nats_connected": p.Conn().IsConnected()}
+		if l := p.Launcher(); l != nil {
+			states := map[kv.NodeState]int{}
+			l.Nodes().Range(func(e *kv.Entry[kv.Node]) bool { states[e.Value.State]++; return true })
+			st["nodes"] = states
+			st["requests"] = l.Requests().Len()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	return mux
+}

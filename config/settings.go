@@ -1,0 +1,113 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Roles a process can run.
+const (
+	RoleLauncher = "launcher"
+	RoleBuilder  = "builder"
+)
+
+// EnvPrefix is the prefix of every process setting in the environment.
+const EnvPrefix = "NODEPOOL"
+
+// Settings are the process settings: where NATS is, which worker groups to
+// run, who this process is. They come from NODEPOOL_* environment variables
+// (see the README) and may be overridden by flags of `nodepool run`.
+type Settings struct {
+	NatsURL      string        `envconfig:"NATS_URL" desc:"NATS server URL(s), comma separated; empty starts an embedded server"`
+	NatsCreds    string        `envconfig:"NATS_CREDS" desc:"credentials file for an external NATS server"`
+	NatsTLSCA    string        `envconfig:"NATS_TLS_CA" desc:"CA certificate for an external NATS server"`
+	NatsTLSCert  string        `envconfig:"NATS_TLS_CERT" desc:"client certificate for an external NATS server"`
+	NatsTLSKey   string        `envconfig:"NATS_TLS_KEY" desc:"client key for an external NATS server"`
+	NatsListen   string        `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222" desc:"address of the embedded NATS server"`
+	Config       string        `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
+	DataDir      string        `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
+	Roles        []string      `envconfig:"ROLES" default:"launcher,builder" desc:"worker groups to run: launcher, builder"`
+	ID           string        `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
+	HTTPAddr     string        `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
+	Replicas     int           `envconfig:"REPLICAS" default:"1" desc:"replicas for streams and buckets: 1, 3 or 5"`
+	LeaseTTL     time.Duration `envconfig:"LEASE_TTL" default:"10s" desc:"how long a lease or heartbeat lives without renewal"`
+	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat    string        `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
+	SyncInterval time.Duration `envconfig:"SYNC_INTERVAL" default:"5s" desc:"how often periodic sweeps run (cleanup, min-ready, lost work)"`
+}
+
+// LoadSettings reads the settings from the environment and fills in the
+// defaults that depend on the machine.
+func LoadSettings() (Settings, error) {
+	var s Settings
+	if err := envconfig.Process(EnvPrefix, &s); err != nil {
+		return s, fmt.Errorf("reading %s_* settings: %w", EnvPrefix, err)
+	}
+	return s, nil
+}
+
+// idRE is what a process id may hold: it becomes a KV key.
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,127}$`)
+
+// DefaultID is hostname-pid, with characters a KV key cannot hold replaced.
+func DefaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "nodepool"
+	}
+	host = regexp.MustCompile(`[^A-Za-z0-9_=.-]`).ReplaceAllString(host, "-")
+	return fmt.Sprintf("%s-%d", strings.Trim(host, "."), os.Getpid())
+}
+
+// Validate checks the settings and fills in the process id if unset.
+func (s *Settings) Validate() error {
+	var problems []string
+	if s.ID == "" {
+		s.ID = DefaultID()
+	}
+	if !idRE.MatchString(s.ID) {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_ID %q is not valid; expected 1 to 128 of A-Z a-z 0-9 _ = . - (not starting with a dot)", s.ID))
+	}
+	for _, r := range s.Roles {
+		if r != RoleLauncher && r != RoleBuilder {
+			problems = append(problems, fmt.Sprintf("NODEPOOL_ROLES: unknown role %q; expected launcher, builder or both (comma separated)", r))
+		}
+	}
+	if len(s.Roles) == 0 {
+		problems = append(problems, "NODEPOOL_ROLES is empty; expected launcher, builder or both")
+	}
+	if s.Replicas != 1 && s.Replicas != 3 && s.Replicas != 5 {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_REPLICAS: expected 1, 3 or 5, got %d", s.Replicas))
+	}
+	if s.LeaseTTL < time.Second {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_LEASE_TTL: expected at least 1s, got %s", s.LeaseTTL))
+	}
+	if s.SyncInterval <= 0 {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_SYNC_INTERVAL: expected a positive duration, got %s", s.SyncInterval))
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, s.LogLevel) {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_LOG_LEVEL: expected debug, info, warn or error, got %q", s.LogLevel))
+	}
+	if s.LogFormat != "text" && s.LogFormat != "json" {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_LOG_FORMAT: expected text or json, got %q", s.LogFormat))
+	}
+	if s.NatsURL == "" && (s.NatsCreds != "" || s.NatsTLSCert != "") {
+		problems = append(problems, "NODEPOOL_NATS_CREDS and NODEPOOL_NATS_TLS_* apply to an external server; set NODEPOOL_NATS_URL too")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("invalid settings:\n  %s", strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+// HasRole reports whether the process runs a role.
+func (s *Settings) HasRole(role string) bool { return slices.Contains(s.Roles, role) }
+
+// Embedded reports whether the process starts its own NATS server.
+func (s *Settings) Embedded() bool { return s.NatsURL == "" }

@@ -1,0 +1,245 @@
+package consumers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// cleanup reconciles what crashes and vanished owners leave behind. It runs
+// periodically in the one process holding the cleanup lease:
+//
+//   - nodes being launched or deleted by a launcher whose heartbeat expired
+//     are handed back (launcher cleared), so the lifecycle group resumes them;
+//   - instances tagged as ours without a node record (or not the instance
+//     their node records) are deleted on their second sighting;
+//   - requests pending in a pool that no live launcher serves go back to
+//     requested; waiting requests that every live pool declined fail.
+type cleanup struct {
+	l *Launcher
+	// suspects counts sightings of possibly leaked instances, by provider
+	// and external id.
+	suspects map[string]int
+	deleting sync.Map
+	lastPurge time.Time
+	// orphanPools counts sweeps that found pending requests of a pool that
+	// no live launcher serves.
+	orphanPools map[string]int
+}
+
+func newCleanup(l *Launcher) *cleanup { return &cleanup{l: l} }
+
+func (c *cleanup) run(ctx context.Context) {
+	c.suspects = map[string]int{}
+	c.orphanPools = map[string]int{}
+	c.lastPurge = time.Now()
+	compSub := c.l.components.Subscribe()
+	defer c.l.components.Unsubscribe(compSub)
+	tick := time.NewTicker(c.l.opts.SyncInterval)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		gone := false
+		for _, ch := range compSub.Drain() {
+			if ch.New == nil {
+				gone = true
+			}
+		}
+		if gone {
+			c.handBack(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-compSub.C():
+			continue
+		case <-tick.C:
+		}
+		c.handBack(ctx)
+		c.requests(ctx)
+		for name, drv := range c.l.opts.Providers {
+			c.leaks(ctx, &wg, name, drv)
+		}
+		if time.Since(c.lastPurge) > 10*time.Minute {
+			c.purge(ctx)
+		}
+	}
+}
+
+// handBack clears the launcher of nodes whose launcher is dead; the change
+// reaches the lifecycle group, where a live process claims them.
+func (c *cleanup) handBack(ctx context.Context) {
+	l := c.l
+	var orphans []string
+	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := &e.Value
+		if (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && n.Launcher != "" && !l.alive(n.Launcher) {
+			orphans = append(orphans, e.Key)
+		}
+		return true
+	})
+	for _, id := range orphans {
+		_, err := l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			if (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) || n.Launcher == "" || l.alive(n.Launcher) {
+				return kv.ErrSkip
+			}
+			l.log.Info("handing back a node whose launcher is gone", "node", id, "launcher", n.Launcher, "state", n.State)
+			n.Launcher = ""
+			return nil
+		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not hand back node", "node", id, "err", err)
+		}
+	}
+}
+
+// requests fails waiting requests that every live pool declined and puts
+// back requests pending in pools nobody serves any more.
+func (c *cleanup) requests(ctx context.Context) {
+	l := c.l
+	live := l.livePools()
+	if len(live) == 0 {
+		return
+	}
+	var declined, orphaned []string
+	seenOrphan := map[string]bool{}
+	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		r := e.Value
+		switch r.State {
+		case kv.RequestRequested:
+			if failIfAllDeclined(&r, live, time.Now()) {
+				declined = append(declined, e.Key)
+			}
+		case kv.RequestPending:
+			ref := kv.PoolRef(r.Provider, r.Pool)
+			if _, ok := live[ref]; !ok {
+				seenOrphan[ref] = true
+				if c.orphanPools[ref] >= 1 {
+					orphaned = append(orphaned, e.Key)
+				}
+			}
+		}
+		return true
+	})
+	for ref := range c.orphanPools {
+		if !seenOrphan[ref] {
+			delete(c.orphanPools, ref)
+		}
+	}
+	for ref := range seenOrphan {
+		c.orphanPools[ref]++
+	}
+	for _, id := range declined {
+		_, _ = l.requests.Modify(ctx, id, func(r *kv.Request) error {
+			if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
+				return kv.ErrSkip
+			}
+			return nil
+		})
+	}
+	for _, id := range orphaned {
+		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
+			if r.State != kv.RequestPending {
+				return kv.ErrSkip
+			}
+			if _, ok := l.livePools()[kv.PoolRef(r.Provider, r.Pool)]; ok {
+				return kv.ErrSkip
+			}
+			l.log.Info("request pending in a pool nobody serves; putting it back", "request", r.ID, "pool", kv.PoolRef(r.Provider, r.Pool))
+			r.SetState(kv.RequestRequested, time.Now().UTC())
+			r.Provider, r.Pool, r.Nodes = "", "", []string{}
+			return nil
+		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && ctx.Err() == nil {
+			l.log.Warn("could not put back request", "request", id, "err", err)
+		}
+	}
+}
+
+// leaks deletes instances tagged as this provider's that no node record
+// accounts for, once seen in two sweeps in a row.
+func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider) {
+	l := c.l
+	insts, err := drv.ListInstances(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("could not list instances", "provider", provider, "err", err)
+		}
+		return
+	}
+	seen := map[string]bool{}
+	for _, inst := range insts {
+		if inst.Tags[drivers.TagProvider] != provider {
+			continue
+		}
+		key := provider + "/" + inst.ExternalID
+		if !c.leaked(&inst) {
+			continue
+		}
+		seen[key] = true
+		c.suspects[key]++
+		if c.suspects[key] < 2 {
+			continue
+		}
+		if _, busy := c.deleting.LoadOrStore(key, true); busy {
+			continue
+		}
+		l.log.Info("deleting leaked instance", "provider", provider, "external_id", inst.ExternalID, "node", inst.NodeID())
+		wg.Go(func() {
+			defer c.deleting.Delete(key)
+			if l.lifecycle.deleteInstance(ctx, drv, inst.ExternalID, nil) {
+				l.metrics.LeakedDeleted.Add(1)
+			}
+		})
+	}
+	for key := range c.suspects {
+		if !seen[key] && providerOf(key) == provider {
+			delete(c.suspects, key)
+		}
+	}
+}
+
+func providerOf(suspectKey string) string {
+	provider, _, _ := strings.Cut(suspectKey, "/")
+	return provider
+}
+
+// leaked reports whether an instance of ours is not accounted for by its
+// node record.
+func (c *cleanup) leaked(inst *drivers.Instance) bool {
+	nodeID := inst.NodeID()
+	if nodeID == "" {
+		return true
+	}
+	e, ok := c.l.nodes.Get(nodeID)
+	if !ok {
+		return true
+	}
+	n := &e.Value
+	if n.ExternalID == inst.ExternalID {
+		return false
+	}
+	// A node still being created may be on a later attempt whose launcher
+	// cleans up the earlier one itself, or have not recorded its instance
+	// yet.
+	return n.State != kv.NodeBuilding && n.State != kv.NodeInit
+}
+
+// purge drops delete markers older than half an hour from the node and
+// request buckets, so churn does not grow them for ever.
+func (c *cleanup) purge(ctx context.Context) {
+	c.lastPurge = time.Now()
+	for _, b := range []jetstream.KeyValue{c.l.b.Nodes.Bucket(), c.l.b.Requests.Bucket()} {
+		if err := b.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(30*time.Minute)); err != nil && ctx.Err() == nil {
+			c.l.log.Debug("could not purge delete markers", "bucket", b.Bucket(), "err", err)
+		}
+	}
+}

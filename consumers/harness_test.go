@@ -1,0 +1,330 @@
+package consumers_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/client"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/consumers"
+	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/service"
+)
+
+// leaseTTL is short in tests so that a dead launcher is noticed quickly.
+const leaseTTL = 2 * time.Second
+
+// harness is one nats-server with the streams and buckets, a client, and
+// watch caches of the records and of each fake cloud, so tests wait on
+// records instead of sleeping.
+type harness struct {
+	t      *testing.T
+	srv    *natstest.Server
+	js     jetstream.JetStream
+	b      *kv.Buckets
+	cfg    *config.Config
+	client *client.Client
+
+	nodes     *kv.Cache[kv.Node]
+	requests  *kv.Cache[kv.Request]
+	instances map[string]*kv.Cache[fake.InstanceRecord] // by cloud
+}
+
+func testLog(t testing.TB) *slog.Logger {
+	if os.Getenv("NODEPOOL_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func newHarness(t *testing.T, yaml string) *harness {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	srv := natstest.Start(t)
+	return newHarnessOn(t, srv, cfg)
+}
+
+func newHarnessOn(t *testing.T, srv *natstest.Server, cfg *config.Config) *harness {
+	t.Helper()
+	nc, js := srv.Connect(t)
+	ctx := t.Context()
+	if err := events.Ensure(ctx, js, 1, testLog(t)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := kv.Ensure(ctx, js, kv.Options{Replicas: 1, LeaseTTL: leaseTTL}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, srv: srv, js: js, b: b, cfg: cfg, client: c,
+		nodes: kv.NewCache(b.Nodes, testLog(t)), requests: kv.NewCache(b.Requests, testLog(t)),
+		instances: map[string]*kv.Cache[fake.InstanceRecord]{}}
+	runCache(t, h.nodes)
+	runCache(t, h.requests)
+	for _, p := range cfg.Providers {
+		if p.Driver != "fake" || h.instances[p.Cloud] != nil {
+			continue
+		}
+		bucket, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fake.BucketName(p.Cloud), History: 1, Storage: jetstream.FileStorage})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := kv.NewCache(kv.NewStore[fake.InstanceRecord](bucket), testLog(t))
+		runCache(t, c)
+		h.instances[p.Cloud] = c
+	}
+	return h
+}
+
+func runCache[T any](t *testing.T, c *kv.Cache[T]) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	if err := c.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// launcher is a launcher running in this test process.
+type launcher struct {
+	*consumers.Launcher
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Stop shuts the launcher down cleanly and waits.
+func (l *launcher) Stop() {
+	l.cancel()
+	<-l.done
+}
+
+// startLauncher runs a launcher with its own connection and drivers; it is
+// stopped when the test ends.
+func (h *harness) startLauncher(id string) *launcher {
+	h.t.Helper()
+	nc, js := h.srv.Connect(h.t)
+	_ = nc
+	ctx, cancel := context.WithCancel(context.Background())
+	providers, err := service.NewProviders(ctx, js, h.cfg, 1, testLog(h.t))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	b, err := kv.Open(ctx, js)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	l, err := consumers.NewLauncher(js, b, consumers.Options{
+		ID: id, Config: h.cfg, Providers: providers, LeaseTTL: leaseTTL,
+		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	tl := &launcher{Launcher: l, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(tl.done)
+		if err := l.Run(ctx); err != nil {
+			h.t.Errorf("launcher %s: %v", id, err)
+		}
+		for _, p := range providers {
+			p.Close()
+		}
+	}()
+	var once sync.Once
+	h.t.Cleanup(func() { once.Do(tl.Stop) })
+	return tl
+}
+
+// until waits, with a deadline, until cond holds, re-checking it whenever a
+// node, request or instance changes.
+func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
+	h.t.Helper()
+	subsN := h.nodes.Subscribe()
+	defer h.nodes.Unsubscribe(subsN)
+	subsR := h.requests.Subscribe()
+	defer h.requests.Unsubscribe(subsR)
+	// Instance changes of every cloud come through one channel.
+	inst := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, c := range h.instances {
+		s := c.Subscribe()
+		defer c.Unsubscribe(s)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-s.C():
+					s.Drain()
+					select {
+					case inst <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		subsN.Drain()
+		subsR.Drain()
+		if cond() {
+			return
+		}
+		select {
+		case <-deadline.C:
+			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
+		case <-subsN.C():
+		case <-subsR.C():
+		case <-inst:
+		}
+	}
+}
+
+// dump describes the records, for failure messages.
+func (h *harness) dump() string {
+	var b strings.Builder
+	b.WriteString("requests:\n")
+	h.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		r := e.Value
+		fmt.Fprintf(&b, "  %s %s labels=%v nodes=%v pool=%s declined=%v reason=%q\n", r.ID, r.State, r.Labels, r.Nodes, kv.PoolRef(r.Provider, r.Pool), r.DeclinedBy, r.Reason)
+		return true
+	})
+	b.WriteString("nodes:\n")
+	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := e.Value
+		fmt.Fprintf(&b, "  %s %s %v %s alloc=%q launcher=%q ext=%q reason=%q\n", n.ID, n.State, n.Labels, kv.PoolRef(n.Provider, n.Pool), n.AllocatedTo, n.Launcher, n.ExternalID, n.Reason)
+		return true
+	})
+	for cloud, c := range h.instances {
+		fmt.Fprintf(&b, "instances of %s: %d\n", cloud, c.Len())
+	}
+	return b.String()
+}
+
+func (h *harness) submit(m events.RequestMessage) string {
+	h.t.Helper()
+	id, err := h.client.Submit(h.t.Context(), m)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return id
+}
+
+func (h *harness) publishRaw(data string) {
+	h.t.Helper()
+	if _, err := h.js.Publish(h.t.Context(), events.NewRequestSubject, []byte(data)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// request returns the cached record of a request.
+func (h *harness) request(id string) (kv.Request, bool) {
+	e, ok := h.requests.Get(id)
+	return e.Value, ok
+}
+
+// node reads a node record from the bucket (not the cache, which may be
+// behind the request cache).
+func (h *harness) node(id string) (kv.Node, bool) {
+	e, err := h.b.Nodes.Get(h.t.Context(), id)
+	return e.Value, err == nil
+}
+
+// waitDone waits until a request is fulfilled or failed.
+func (h *harness) waitDone(timeout time.Duration, ids ...string) {
+	h.t.Helper()
+	h.until(timeout, fmt.Sprintf("requests %v to end", ids), func() bool {
+		for _, id := range ids {
+			r, ok := h.request(id)
+			if !ok || !r.Done() {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// countNodes counts nodes matching a predicate.
+func (h *harness) countNodes(pred func(*kv.Node) bool) int {
+	n := 0
+	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if pred(&e.Value) {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+// instanceCount is the number of instances in a fake cloud now.
+func (h *harness) instanceCount(cloud string) int { return h.instances[cloud].Len() }
+
+// instancesEverCreated counts the instances ever created in a fake cloud:
+// every instance id is a subject of the cloud's stream, and a deleted one
+// keeps its delete marker.
+func (h *harness) instancesEverCreated(cloud string) int {
+	h.t.Helper()
+	s, err := h.js.Stream(h.t.Context(), "KV_"+fake.BucketName(cloud))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, err := s.Info(h.t.Context(), jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return len(info.State.Subjects)
+}
+
+// checkNoLeaks asserts that every instance has a node record that names it
+// and every node that names an instance has it.
+func (h *harness) checkConsistent(cloud string) {
+	h.t.Helper()
+	byExt := map[string]string{}
+	h.instances[cloud].Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+		byExt[e.Key] = e.Value.Tags["nodepool_node_id"]
+		return true
+	})
+	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := e.Value
+		if n.ExternalID != "" && n.State != kv.NodeDeleting {
+			if _, ok := byExt[n.ExternalID]; !ok {
+				h.t.Errorf("node %s (%s) points to instance %s, which does not exist", n.ID, n.State, n.ExternalID)
+			}
+		}
+		return true
+	})
+	for ext, nodeID := range byExt {
+		n, ok := h.node(nodeID)
+		if !ok || n.ExternalID != ext {
+			h.t.Errorf("instance %s (node %q) has no node record naming it", ext, nodeID)
+		}
+	}
+}

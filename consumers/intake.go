@@ -1,0 +1,176 @@
+package consumers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// IntakeConsumer is the durable consumer (worker group) that turns request
+// messages into request records.
+const IntakeConsumer = "intake"
+
+// stoppable is a running consumer.
+type stoppable interface{ Stop() }
+
+// workerPool runs message handlers on a fixed number of goroutines; messages
+// with the same key go to the same goroutine, in order.
+type workerPool struct {
+	queues []chan jetstream.Msg
+	wg     sync.WaitGroup
+	cc     jetstream.ConsumeContext
+}
+
+func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
+	wp := &workerPool{queues: make([]chan jetstream.Msg, n)}
+	for i := range wp.queues {
+		q := make(chan jetstream.Msg, 64)
+		wp.queues[i] = q
+		wp.wg.Go(func() {
+			for msg := range q {
+				handle(ctx, msg)
+			}
+		})
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		h := fnv.New32a()
+		h.Write([]byte(key(msg)))
+		wp.queues[h.Sum32()%uint32(n)] <- msg
+	}, jetstream.PullMaxMessages(512))
+	if err != nil {
+		wp.close()
+		return nil, err
+	}
+	wp.cc = cc
+	return wp, nil
+}
+
+func (wp *workerPool) close() {
+	for _, q := range wp.queues {
+		close(q)
+	}
+	wp.wg.Wait()
+}
+
+// Stop stops taking messages and waits for the handlers in progress.
+func (wp *workerPool) Stop() {
+	wp.cc.Drain()
+	<-wp.cc.Closed()
+	wp.close()
+}
+
+func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
+	cons, err := l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
+		Durable:       IntakeConsumer,
+		Description:   "records node requests",
+		FilterSubject: events.NewRequestSubject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 10000,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating intake consumer: %w", err)
+	}
+	return startWorkers(ctx, cons, 8, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
+}
+
+// handleRequestMessage records one request message. Whatever the message
+// holds, a record results (failed, with a reason, if the message is not a
+// valid request); the message is acknowledged once the record exists.
+func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		l.log.Error("request message without metadata; dropping it", "err", err)
+		_ = msg.Term()
+		return
+	}
+	rec := l.requestRecord(msg.Data(), meta)
+	_, err = l.requests.Create(ctx, rec.ID, rec)
+	switch {
+	case err == nil:
+		l.metrics.RequestsReceived.Add(1)
+		if rec.State == kv.RequestFailed {
+			l.metrics.RequestsFailed.Add(1)
+			l.log.Info("request not valid", "request", rec.ID, "reason", rec.Reason)
+		}
+	case errors.Is(err, kv.ErrExists):
+		// Delivered again after a crash, or a resubmission of an id
+		// already recorded: either way there is nothing to do.
+		l.log.Debug("request already recorded", "request", rec.ID, "seq", meta.Sequence.Stream)
+	default:
+		l.log.Warn("could not record request; it will be delivered again", "request", rec.ID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		l.log.Debug("ack failed; the message will be delivered again", "err", err)
+	}
+}
+
+// requestRecord builds the record of a request message: requested, or
+// failed with the reason it is not a valid request.
+func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.Request {
+	m, perr := events.ParseRequest(data)
+	id := m.ID
+	if id == "" {
+		id = events.RequestID(meta.Sequence.Stream)
+	}
+	now := time.Now().UTC()
+	rec := &kv.Request{
+		ID:               id,
+		State:            kv.RequestRequested,
+		Labels:           m.Labels,
+		Nodes:            []string{},
+		DeclinedBy:       []string{},
+		Provider:         m.Provider,
+		Requestor:        m.Requestor,
+		Priority:         m.PriorityOrDefault(),
+		RelativePriority: m.RelativePriority,
+		Reuse:            m.ReuseOrDefault(),
+		Tenant:           m.Tenant,
+		EventID:          m.EventID,
+		RequestorData:    m.RequestorData,
+		Created:          meta.Timestamp.UTC(),
+		StateTime:        now,
+	}
+	if rec.Labels == nil {
+		rec.Labels = []string{}
+	}
+	if len(rec.RequestorData) == 0 || string(rec.RequestorData) == "null" {
+		rec.RequestorData = json.RawMessage("{}")
+	}
+	switch {
+	case perr != nil:
+		rec.State, rec.Reason = kv.RequestFailed, perr.Error()
+	default:
+		if unknown := l.unknownLabels(rec.Labels); len(unknown) > 0 {
+			rec.State = kv.RequestFailed
+			rec.Reason = fmt.Sprintf("unknown label(s) %s; this nodepool provides: %s",
+				strings.Join(unknown, ", "), strings.Join(l.opts.Config.LabelNames(), ", "))
+		}
+	}
+	return rec
+}
+
+func (l *Launcher) unknownLabels(labels []string) []string {
+	known := l.opts.Config.LabelNames()
+	var unknown []string
+	for _, lb := range labels {
+		if !slices.Contains(known, lb) && !slices.Contains(unknown, lb) {
+			unknown = append(unknown, lb)
+		}
+	}
+	return unknown
+}

@@ -1,0 +1,265 @@
+// Package consumers runs the launcher's worker groups: request intake, one
+// scheduler per provider pool (led by a lease), the node lifecycle group that
+// runs create and delete state machines, min-ready and periodic cleanup.
+// Every handler is idempotent, every change is a revision-checked update, and
+// a message is acknowledged only after its effect is committed.
+package consumers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Requestor names used by nodepool itself.
+const (
+	MinReadyRequestor = "NodePool:min-ready"
+)
+
+// Options configure a launcher.
+type Options struct {
+	// ID is this process's identity in records and leases.
+	ID string
+	// Config is the loaded nodepool.yaml.
+	Config *config.Config
+	// Providers are the constructed drivers, by provider name.
+	Providers map[string]drivers.Provider
+	// LeaseTTL must match the TTL of the components and locks buckets.
+	LeaseTTL time.Duration
+	// SyncInterval is how often periodic sweeps run.
+	SyncInterval time.Duration
+	// Version is reported in the component record.
+	Version string
+	Log     *slog.Logger
+}
+
+// Launcher is one launcher process's share of the worker groups.
+type Launcher struct {
+	opts Options
+	js   jetstream.JetStream
+	b    *kv.Buckets
+	log  *slog.Logger
+
+	nodes      *kv.Cache[kv.Node]
+	requests   *kv.Cache[kv.Request]
+	components *kv.Cache[kv.Component]
+
+	lifecycle *lifecycle
+	metrics   *Metrics
+}
+
+// NewLauncher prepares a launcher; Run starts it.
+func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher, error) {
+	if opts.ID == "" {
+		return nil, errors.New("launcher needs an id")
+	}
+	if opts.Config == nil {
+		return nil, errors.New("launcher needs a configuration")
+	}
+	for _, p := range opts.Config.Providers {
+		if _, ok := opts.Providers[p.Name]; !ok {
+			return nil, fmt.Errorf("provider %s has no driver", p.Name)
+		}
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	if opts.SyncInterval == 0 {
+		opts.SyncInterval = 5 * time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	log := opts.Log.With("launcher", opts.ID)
+	l := &Launcher{
+		opts:       opts,
+		js:         js,
+		b:          b,
+		log:        log,
+		nodes:      kv.NewCache(b.Nodes, log),
+		requests:   kv.NewCache(b.Requests, log),
+		components: kv.NewCache(b.Components, log),
+		metrics:    NewMetrics(),
+	}
+	l.lifecycle = newLifecycle(l)
+	return l, nil
+}
+
+// Metrics returns the launcher's counters.
+func (l *Launcher) Metrics() *Metrics { return l.metrics }
+
+// Nodes is the launcher's view of the nodes bucket.
+func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
+
+// Requests is the launcher's view of the requests bucket.
+func (l *Launcher) Requests() *kv.Cache[kv.Request] { return l.requests }
+
+// Run runs the launcher's worker groups until ctx ends, then shuts down:
+// consumers stop taking messages, launches in flight stop after their
+// current step (their progress is in the node records) and are handed to
+// other launchers, and the component record is removed.
+func (l *Launcher) Run(ctx context.Context) error {
+	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
+	var caches sync.WaitGroup
+	for _, run := range []func(context.Context) error{l.nodes.Run, l.requests.Run, l.components.Run} {
+		caches.Go(func() { _ = run(cacheCtx) })
+	}
+	defer func() {
+		stopCaches()
+		caches.Wait()
+	}()
+	for _, c := range []interface{ WaitSynced(context.Context) error }{l.nodes, l.requests, l.components} {
+		if err := c.WaitSynced(ctx); err != nil {
+			return err
+		}
+	}
+
+	if err := l.heartbeat(ctx); err != nil {
+		return fmt.Errorf("registering launcher: %w", err)
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { l.keepHeartbeat(ctx) })
+
+	intake, err := l.startIntake(ctx)
+	if err != nil {
+		return err
+	}
+	lc, err := l.lifecycle.start(ctx)
+	if err != nil {
+		intake.Stop()
+		return err
+	}
+	l.lifecycle.resumeOwn(ctx)
+
+	for i := range l.opts.Config.Providers {
+		prov := &l.opts.Config.Providers[i]
+		for j := range prov.Pools {
+			pool := &prov.Pools[j]
+			s := newScheduler(l, prov, pool)
+			lease := kv.NewLease(l.b.Locks, "pool."+prov.Name+"."+pool.Name, l.opts.ID, l.opts.LeaseTTL, l.log)
+			wg.Go(func() { lease.Elect(ctx, s.run) })
+		}
+	}
+	mr := newMinReady(l)
+	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
+	wg.Go(func() { mrLease.Elect(ctx, mr.run) })
+	cl := newCleanup(l)
+	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
+	wg.Go(func() { clLease.Elect(ctx, cl.run) })
+
+	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	<-ctx.Done()
+	l.log.Info("launcher stopping")
+
+	// Stop taking new messages; what was taken and not acknowledged is
+	// delivered again to another process.
+	intake.Stop()
+	lc.Stop()
+	wg.Wait()
+	l.lifecycle.stop()
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	l.lifecycle.handOver(sctx)
+	if e, err := l.b.Components.Get(sctx, l.opts.ID); err == nil {
+		_ = l.b.Components.Delete(sctx, l.opts.ID, e.Revision)
+	}
+	l.log.Info("launcher stopped")
+	return nil
+}
+
+// component is this process's record in nodepool-components.
+func (l *Launcher) component() *kv.Component {
+	host, _ := os.Hostname()
+	c := &kv.Component{ID: l.opts.ID, Roles: []string{config.RoleLauncher}, Hostname: host, PID: os.Getpid(),
+		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
+	for _, p := range l.opts.Config.Providers {
+		for _, pool := range p.Pools {
+			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority}
+			for _, pl := range pool.Labels {
+				cp.Labels = append(cp.Labels, pl.Name)
+			}
+			c.Pools = append(c.Pools, cp)
+		}
+	}
+	return c
+}
+
+// heartbeat writes the component record (creating it if it expired).
+func (l *Launcher) heartbeat(ctx context.Context) error {
+	c := l.component()
+	e, err := l.b.Components.Get(ctx, l.opts.ID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		c.Started = c.Heartbeat
+		rev, err := l.b.Components.Create(ctx, l.opts.ID, c)
+		if err != nil {
+			return err
+		}
+		l.components.Apply(kv.Entry[kv.Component]{Key: l.opts.ID, Value: *c, Revision: rev})
+		return nil
+	case err != nil && !errors.Is(err, kv.ErrBadRecord):
+		return err
+	}
+	c.Started = e.Value.Started
+	if c.Started.IsZero() {
+		c.Started = c.Heartbeat
+	}
+	rev, err := l.b.Components.Update(ctx, l.opts.ID, c, e.Revision)
+	if err != nil {
+		return err
+	}
+	l.components.Apply(kv.Entry[kv.Component]{Key: l.opts.ID, Value: *c, Revision: rev})
+	return nil
+}
+
+func (l *Launcher) keepHeartbeat(ctx context.Context) {
+	t := time.NewTicker(l.opts.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			hctx, cancel := context.WithTimeout(ctx, l.opts.LeaseTTL/3)
+			if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
+				l.log.Warn("heartbeat failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// alive reports whether a component is alive (its heartbeat has not
+// expired).
+func (l *Launcher) alive(id string) bool {
+	return id != "" && l.components.Has(id)
+}
+
+// livePools lists the pools served by live launchers, with their
+// announcement (the first one found per pool).
+func (l *Launcher) livePools() map[string]kv.ComponentPool {
+	out := map[string]kv.ComponentPool{}
+	l.components.Range(func(e *kv.Entry[kv.Component]) bool {
+		for _, p := range e.Value.Pools {
+			ref := kv.PoolRef(p.Provider, p.Pool)
+			if _, ok := out[ref]; !ok {
+				out[ref] = p
+			}
+		}
+		return true
+	})
+	return out
+}
+

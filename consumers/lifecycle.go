@@ -1,0 +1,584 @@
+package consumers
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// LifecycleConsumer is the durable consumer (worker group) of node changes.
+const LifecycleConsumer = "node-lifecycle"
+
+// errLost means the node is no longer this process's to change.
+var errLost = errors.New("node no longer owned by this launcher")
+
+// lifecycle runs the create and delete state machines of nodes. Node changes
+// arrive on $KV.nodepool-nodes.>; a node that needs work (building or
+// deleting without a live owner, used, failed) is claimed with a
+// revision-checked update that names this process as its launcher, and the
+// message is acknowledged once the claim is committed. The claim lives as
+// long as this process's heartbeat: when it stops, cleanup hands the node to
+// another process, which resumes the machine from the node's driver_data.
+type lifecycle struct {
+	l *Launcher
+
+	mu   sync.Mutex
+	runs map[string]context.CancelFunc
+	wg   sync.WaitGroup
+	ctx  context.Context
+	stopRuns context.CancelFunc
+
+	sems map[string]chan struct{}
+}
+
+func newLifecycle(l *Launcher) *lifecycle {
+	lc := &lifecycle{l: l, runs: map[string]context.CancelFunc{}, sems: map[string]chan struct{}{}}
+	for _, p := range l.opts.Config.Providers {
+		if p.MaxConcurrency > 0 {
+			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
+		}
+	}
+	lc.ctx, lc.stopRuns = context.WithCancel(context.Background())
+	return lc
+}
+
+func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
+	stream := "KV_" + kv.BucketNodes
+	cons, err := lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       LifecycleConsumer,
+		Description:   "node lifecycle: launches and deletes",
+		FilterSubject: "$KV." + kv.BucketNodes + ".>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 20000,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)
+	}
+	return startWorkers(ctx, cons, 16, func(m jetstream.Msg) string { return m.Subject() }, lc.handle)
+}
+
+// stop cancels the machines in flight and waits for them: each stops after
+// persisting its current step.
+func (lc *lifecycle) stop() {
+	lc.stopRuns()
+	lc.wg.Wait()
+}
+
+func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
+	defer func() {
+		if err := msg.Ack(); err != nil {
+			lc.l.log.Debug("ack failed; the change will be delivered again", "err", err)
+		}
+	}()
+	if op := msg.Headers().Get("KV-Operation"); op != "" {
+		return // deleted or purged: nothing left to do
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		return
+	}
+	key := strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+".")
+	n, err := kv.Decode[kv.Node](key, msg.Data())
+	if err != nil {
+		lc.l.log.Error("node record is not valid; leaving it alone", "node", key, "err", err)
+		return
+	}
+	lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream})
+}
+
+// reconcile starts whatever work a node in this state needs from this
+// process.
+func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) {
+	n := &e.Value
+	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
+		return
+	}
+	if lc.running(e.Key) {
+		return
+	}
+	me := lc.l.opts.ID
+	switch n.State {
+	case kv.NodeBuilding, kv.NodeDeleting:
+		if n.Launcher != "" && n.Launcher != me && lc.l.alive(n.Launcher) {
+			return
+		}
+	case kv.NodeUsed, kv.NodeFailed:
+	default:
+		return
+	}
+	state := n.State
+	claimed, err := lc.l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
+		if cur.State != state || (cur.Launcher != n.Launcher && cur.Launcher != me) {
+			return kv.ErrSkip
+		}
+		cur.Launcher = me
+		if cur.State == kv.NodeUsed || cur.State == kv.NodeFailed {
+			cur.SetState(kv.NodeDeleting, time.Now().UTC())
+			cur.DriverData = nil
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+			lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		}
+		return
+	}
+	lc.launch(claimed)
+}
+
+func (lc *lifecycle) running(id string) bool {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	_, ok := lc.runs[id]
+	return ok
+}
+
+// launch starts the machine a claimed node needs, unless one runs already.
+func (lc *lifecycle) launch(e kv.Entry[kv.Node]) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(lc.ctx)
+	lc.runs[e.Key] = cancel
+	lc.wg.Go(func() {
+		defer func() {
+			lc.mu.Lock()
+			delete(lc.runs, e.Key)
+			lc.mu.Unlock()
+			cancel()
+			// Changes that arrived while the machine ran were passed
+			// over; look at the node once more (a launch that failed
+			// leaves it failed, to be deleted).
+			if cur, ok := lc.l.nodes.Get(e.Key); ok && lc.ctx.Err() == nil {
+				lc.reconcile(lc.ctx, cur)
+			}
+		}()
+		if !lc.acquire(ctx, e.Value.Provider) {
+			return
+		}
+		defer lc.release(e.Value.Provider)
+		switch e.Value.State {
+		case kv.NodeBuilding:
+			lc.runCreate(ctx, e)
+		case kv.NodeDeleting:
+			lc.runDelete(ctx, e)
+		}
+	})
+}
+
+func (lc *lifecycle) acquire(ctx context.Context, provider string) bool {
+	sem := lc.sems[provider]
+	if sem == nil {
+		return ctx.Err() == nil
+	}
+	select {
+	case sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (lc *lifecycle) release(provider string) {
+	if sem := lc.sems[provider]; sem != nil {
+		<-sem
+	}
+}
+
+// resumeOwn restarts the machines of nodes this process owned before a
+// restart (same NODEPOOL_ID).
+func (lc *lifecycle) resumeOwn(ctx context.Context) {
+	var own []kv.Entry[kv.Node]
+	lc.l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if e.Value.Launcher == lc.l.opts.ID && (e.Value.State == kv.NodeBuilding || e.Value.State == kv.NodeDeleting) {
+			own = append(own, *e)
+		}
+		return true
+	})
+	for _, e := range own {
+		lc.reconcile(ctx, e)
+	}
+}
+
+// handOver gives up the nodes whose machines this process stopped, so
+// another launcher resumes them at once instead of after the heartbeat
+// expires.
+func (lc *lifecycle) handOver(ctx context.Context) {
+	var own []string
+	lc.l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if e.Value.Launcher == lc.l.opts.ID && (e.Value.State == kv.NodeBuilding || e.Value.State == kv.NodeDeleting) {
+			own = append(own, e.Key)
+		}
+		return true
+	})
+	for _, id := range own {
+		_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) {
+				return kv.ErrSkip
+			}
+			n.Launcher = ""
+			return nil
+		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+			lc.l.log.Debug("could not hand over node", "node", id, "err", err)
+		}
+	}
+}
+
+// update changes a node this process owns in a given state. It returns
+// errLost if the node is not so any more, and retries passing errors until
+// ctx ends (then ctx's error).
+func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, fn func(*kv.Node)) (kv.Entry[kv.Node], error) {
+	for failures := 0; ; failures++ {
+		e, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			if n.State != state || n.Launcher != lc.l.opts.ID {
+				return errLost
+			}
+			fn(n)
+			return nil
+		})
+		switch {
+		case err == nil, errors.Is(err, errLost):
+			return e, err
+		case errors.Is(err, kv.ErrNotFound):
+			return e, errLost
+		case ctx.Err() != nil:
+			return e, ctx.Err()
+		}
+		lc.l.log.Warn("could not update node; retrying", "node", id, "err", err)
+		if !sleep(ctx, backoff(failures)) {
+			return e, ctx.Err()
+		}
+	}
+}
+
+// sleep waits d or until ctx ends; it reports whether to go on.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// backoff is the wait before retry number n (from 0) of a failing call.
+func backoff(n int) time.Duration {
+	d := 100 * time.Millisecond << min(n, 8)
+	return min(d, 30*time.Second)
+}
+
+func createRequest(n *kv.Node) drivers.CreateRequest {
+	label := ""
+	if len(n.Labels) > 0 {
+		label = n.Labels[0]
+	}
+	return drivers.CreateRequest{
+		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1),
+		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
+	}
+}
+
+// runCreate advances a node's create machine to ready, retrying failed
+// attempts (each failed instance deleted first) up to launch-retries.
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
+	l := lc.l
+	id := e.Key
+	n := e.Value
+	prov, _ := l.opts.Config.Provider(n.Provider)
+	drv := l.opts.Providers[n.Provider]
+	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
+	if n.Attempt == 0 {
+		n.Attempt = 1
+	}
+	sm, err := drv.Create(createRequest(&n), n.DriverData)
+	if err != nil {
+		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+		return
+	}
+	attemptStart := time.Now()
+	saved := n.DriverData
+	savedAttempt := e.Value.Attempt
+	waits := 0
+	for ctx.Err() == nil {
+		var attemptErr error
+		step, err := sm.Advance(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && (errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)):
+			// Not a failed attempt: wait for room and try the step again.
+			log.Info("cloud asks to wait", "err", err)
+			l.metrics.CloudWaits.Add(1)
+			if !sleep(ctx, backoff(waits)) {
+				return
+			}
+			waits++
+			continue
+		case err != nil:
+			attemptErr = err
+		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
+			attemptErr = fmt.Errorf("not ready within boot-timeout %s", prov.BootTimeout.D())
+		}
+		waits = 0
+		if attemptErr != nil {
+			l.metrics.LaunchAttemptsFailed.Add(1)
+			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
+			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
+				return
+			}
+			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() {
+				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
+				return
+			}
+			next := n.Attempt + 1
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
+			})
+			if err != nil {
+				return
+			}
+			n = ne.Value
+			if sm, err = drv.Create(createRequest(&n), nil); err != nil {
+				lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+				return
+			}
+			saved, savedAttempt, attemptStart = nil, n.Attempt, time.Now()
+			continue
+		}
+		if step.Done {
+			inst := step.Instance
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				fillFromInstance(x, inst, prov)
+				x.DriverData = sm.State()
+				x.Attempt = n.Attempt
+				x.Reason = ""
+				x.SetState(kv.NodeReady, time.Now().UTC())
+			})
+			if err != nil {
+				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				return
+			}
+			l.metrics.NodesLaunched.Add(1)
+			log.Debug("node ready", "external_id", ne.Value.ExternalID)
+			return
+		}
+		if st := sm.State(); !bytes.Equal(st, saved) || n.Attempt != savedAttempt {
+			ext := sm.ExternalID()
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
+			})
+			if err != nil {
+				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				return
+			}
+			n = ne.Value
+			saved, savedAttempt = st, n.Attempt
+		}
+		if !sleep(ctx, min(step.Wait, 2*time.Second)) {
+			return
+		}
+	}
+}
+
+// lostDuringCreate runs when a node changed under a running create (deleted
+// by an operator, handed to another launcher): an instance this process
+// created and that the node does not record is deleted here, as nobody else
+// knows it.
+func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, err error) {
+	if !errors.Is(err, errLost) {
+		return // ctx ended; the node stays ours and is resumed or handed over
+	}
+	ext := sm.ExternalID()
+	if ext == "" {
+		return
+	}
+	if cur, gerr := lc.l.b.Nodes.Get(ctx, id); gerr == nil && cur.Value.ExternalID == ext {
+		return // whoever has the node now knows the instance
+	}
+	lc.deleteInstance(ctx, drv, ext, nil)
+}
+
+// failLaunch marks a node failed after its last attempt, and fails the
+// request it was launched for, with the reason.
+func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
+	l := lc.l
+	reason := fmt.Sprintf("node %s (%s in %s): %v", n.ID, strings.Join(n.Labels, ","), kv.PoolRef(n.Provider, n.Pool), cause)
+	if n.AllocatedTo != "" {
+		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {
+			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
+				return kv.ErrSkip
+			}
+			r.SetState(kv.RequestFailed, time.Now().UTC())
+			r.Reason = reason
+			return nil
+		})
+		if err == nil {
+			l.metrics.RequestsFailed.Add(1)
+		}
+	}
+	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
+		x.SetState(kv.NodeFailed, time.Now().UTC())
+		x.Reason = reason
+		x.ExternalID = ""
+		x.DriverData = nil
+	})
+	if err != nil {
+		l.log.Debug("could not mark node failed", "node", n.ID, "err", err)
+	}
+	l.metrics.LaunchesFailed.Add(1)
+	l.log.Warn("launch failed", "node", n.ID, "reason", reason)
+}
+
+func containsID(ids []string, id string) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider) {
+	n.ExternalID = inst.ExternalID
+	if inst.Name != "" {
+		n.Hostname = inst.Name
+	}
+	n.Cloud = prov.Cloud
+	n.Region, n.AZ = inst.Region, inst.AZ
+	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
+	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
+	if inst.HostKeys != nil {
+		n.HostKeys = inst.HostKeys
+	}
+	if inst.ImageID != "" {
+		n.ImageID = inst.ImageID
+	}
+}
+
+// deleteInstance runs a delete machine to completion, retrying with
+// backoff. It reports false if ctx ended first. progress, if set, records
+// the machine's state after each step.
+func (lc *lifecycle) deleteInstance(ctx context.Context, drv drivers.Provider, externalID string, progress func(drivers.StateMachine) error) bool {
+	if externalID == "" {
+		return true
+	}
+	sm, err := drv.Delete(externalID, nil)
+	if err != nil {
+		lc.l.log.Error("cannot start the delete machine", "external_id", externalID, "err", err)
+		return false
+	}
+	return lc.advanceDelete(ctx, sm, progress)
+}
+
+func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine, progress func(drivers.StateMachine) error) bool {
+	var saved []byte
+	for failures := 0; ctx.Err() == nil; {
+		step, err := sm.Advance(ctx)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err != nil {
+			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
+			if !sleep(ctx, backoff(failures)) {
+				return false
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		if step.Done {
+			return true
+		}
+		if st := sm.State(); progress != nil && !bytes.Equal(st, saved) {
+			if err := progress(sm); err != nil {
+				return false
+			}
+			saved = st
+		}
+		if !sleep(ctx, min(step.Wait, 2*time.Second)) {
+			return false
+		}
+	}
+	return false
+}
+
+// runDelete deletes a node's instance and then its record.
+func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
+	l := lc.l
+	id := e.Key
+	n := e.Value
+	drv := l.opts.Providers[n.Provider]
+	if n.ExternalID != "" {
+		sm, err := drv.Delete(n.ExternalID, n.DriverData)
+		if err != nil {
+			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
+			if sm, err = drv.Delete(n.ExternalID, nil); err != nil {
+				l.log.Error("cannot start the delete machine", "node", id, "err", err)
+				return
+			}
+		}
+		ok := lc.advanceDelete(ctx, sm, func(sm drivers.StateMachine) error {
+			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
+			return err
+		})
+		if !ok {
+			return
+		}
+	}
+	for ctx.Err() == nil {
+		cur, ok := l.nodes.Get(id)
+		if !ok {
+			fresh, err := l.b.Nodes.Get(ctx, id)
+			if errors.Is(err, kv.ErrNotFound) {
+				return
+			}
+			if err != nil {
+				if !sleep(ctx, time.Second) {
+					return
+				}
+				continue
+			}
+			cur = fresh
+		}
+		if cur.Value.State != kv.NodeDeleting || cur.Value.Launcher != l.opts.ID {
+			return
+		}
+		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
+		if err == nil || errors.Is(err, kv.ErrNotFound) {
+			l.metrics.NodesDeleted.Add(1)
+			return
+		}
+		if errors.Is(err, kv.ErrConflict) {
+			fresh, gerr := l.b.Nodes.Get(ctx, id)
+			if gerr == nil {
+				l.nodes.Apply(fresh)
+			}
+			continue
+		}
+		l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
+		if !sleep(ctx, time.Second) {
+			return
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package consumers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// minReadyRetry is how long a failed min-ready request stays before it is
+// removed and tried again, so a label that cannot launch does not spin.
+const minReadyRetry = 10 * time.Second
+
+// minReady keeps min-ready unallocated nodes per label. It runs in the one
+// process holding the min-ready lease and works as Nodepool does: it files
+// node requests (requestor NodePool:min-ready) that the pools serve after
+// every real request, and deletes them once fulfilled, which leaves their
+// nodes ready and unallocated.
+//
+// Each label has min-ready request slots with fixed ids
+// (min-ready-<label>-<n>); a slot is taken while its request exists, so two
+// leaders in a row can never file the same slot twice.
+type minReady struct {
+	l *Launcher
+}
+
+func newMinReady(l *Launcher) *minReady { return &minReady{l: l} }
+
+func (m *minReady) wanted() bool {
+	for _, lb := range m.l.opts.Config.Labels {
+		if lb.MinReady > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *minReady) run(ctx context.Context) {
+	if !m.wanted() {
+		<-ctx.Done()
+		return
+	}
+	nodeSub := m.l.nodes.Subscribe()
+	defer m.l.nodes.Unsubscribe(nodeSub)
+	reqSub := m.l.requests.Subscribe()
+	defer m.l.requests.Unsubscribe(reqSub)
+	tick := time.NewTicker(m.l.opts.SyncInterval)
+	defer tick.Stop()
+	for {
+		nodeSub.Drain()
+		reqSub.Drain()
+		m.pass(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-nodeSub.C():
+		case <-reqSub.C():
+		case <-tick.C:
+		}
+		// Let a burst of changes settle into one pass.
+		if !sleep(ctx, 20*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// MinReadyID is the id of min-ready request slot n of a label.
+func MinReadyID(label string, n int) string { return fmt.Sprintf("min-ready-%s-%d", label, n) }
+
+func (m *minReady) pass(ctx context.Context) {
+	l := m.l
+	// Take down finished min-ready requests and count the slots in use.
+	now := time.Now()
+	done := map[string]kv.Entry[kv.Request]{}
+	taken := map[string]int{}
+	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		r := &e.Value
+		if r.Requestor != MinReadyRequestor || len(r.Labels) == 0 {
+			return true
+		}
+		switch {
+		case r.State == kv.RequestFulfilled:
+			// Its nodes are ready: let them go, and the slot with them.
+			done[e.Key] = *e
+		case r.State == kv.RequestFailed && now.Sub(r.StateTime) > minReadyRetry:
+			done[e.Key] = *e
+		default:
+			taken[r.Labels[0]]++
+		}
+		return true
+	})
+	// Count the nodes that are, or are about to be, ready and unallocated.
+	have := map[string]int{}
+	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := &e.Value
+		if len(n.Labels) == 0 || (n.State != kv.NodeReady && n.State != kv.NodeBuilding && n.State != kv.NodeInit) {
+			return true
+		}
+		_, released := done[n.AllocatedTo]
+		if n.AllocatedTo == "" || released || !l.requests.Has(n.AllocatedTo) {
+			have[n.Labels[0]]++
+		}
+		return true
+	})
+	for _, e := range done {
+		m.remove(ctx, e)
+	}
+	for _, lb := range l.opts.Config.Labels {
+		missing := lb.MinReady - have[lb.Name] - taken[lb.Name]
+		for i := 0; missing > 0 && i < lb.MinReady; i++ {
+			if _, released := done[MinReadyID(lb.Name, i)]; released || l.requests.Has(MinReadyID(lb.Name, i)) {
+				continue
+			}
+			if m.file(ctx, lb.Name, i) {
+				missing--
+			}
+		}
+	}
+}
+
+func (m *minReady) remove(ctx context.Context, e kv.Entry[kv.Request]) {
+	if err := m.l.b.Requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) {
+		m.l.log.Warn("could not remove min-ready request", "request", e.Key, "err", err)
+	}
+}
+
+// file creates a min-ready request record directly (as Nodepool does);
+// it reports whether the slot now holds a request.
+func (m *minReady) file(ctx context.Context, label string, n int) bool {
+	now := time.Now().UTC()
+	id := MinReadyID(label, n)
+	r := &kv.Request{
+		ID: id, State: kv.RequestRequested, Labels: []string{label}, Nodes: []string{}, DeclinedBy: []string{},
+		Requestor: MinReadyRequestor, Priority: events.DefaultPriority, Reuse: false,
+		RequestorData: json.RawMessage("{}"), Created: now, StateTime: now,
+	}
+	_, err := m.l.requests.Create(ctx, id, r)
+	if err != nil && !errors.Is(err, kv.ErrExists) {
+		if ctx.Err() == nil {
+			m.l.log.Warn("could not file min-ready request", "request", id, "err", err)
+		}
+		return false
+	}
+	return true
+}

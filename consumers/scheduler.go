@@ -1,0 +1,606 @@
+package consumers
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// scheduler serves the requests of one provider pool. It runs in the one
+// process that holds the pool's lease, so decisions (order, quota, which
+// ready node goes to which request) are made in one place; every decision
+// is then committed with revision-checked updates, so even two schedulers
+// that both believe they lead can never give one node to two requests.
+// The scheduler is level-triggered: each pass looks at the records as they
+// are, so a new leader simply carries on from them.
+type scheduler struct {
+	l      *Launcher
+	prov   *config.Provider
+	pool   *config.Pool
+	ref    string
+	labels map[string]bool
+	log    *slog.Logger
+
+	// State of one term as leader.
+	openReqs  map[string]bool // requests in requested or pending state
+	poolNodes map[string]bool // nodes of this pool
+	busy      map[string]bool // requests and nodes with a job in flight
+	reserved  map[string]bool // ready nodes promised to a request by a job in flight
+	newNodes  map[string]int  // per request: nodes being created by a job in flight
+	jobs      sync.WaitGroup
+	jobSem    chan struct{}
+	doneMu    sync.Mutex
+	done      []jobDone
+	doneC     chan struct{}
+}
+
+// jobDone is what a finished job hands back to the loop.
+type jobDone struct {
+	keys     []string // busy keys to clear
+	reserved []string
+	request  string // newNodes entry to clear
+}
+
+func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *scheduler {
+	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}}
+	for _, pl := range pool.Labels {
+		s.labels[pl.Name] = true
+	}
+	s.log = l.log.With("pool", s.ref)
+	return s
+}
+
+// run serves the pool until ctx ends (the lease was lost or the process
+// stops).
+func (s *scheduler) run(ctx context.Context) {
+	s.log.Info("leading pool")
+	defer s.log.Info("no longer leading pool")
+	s.openReqs, s.poolNodes = map[string]bool{}, map[string]bool{}
+	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]int{}
+	s.jobSem = make(chan struct{}, 64)
+	s.done, s.doneC = nil, make(chan struct{}, 1)
+
+	reqSub := s.l.requests.Subscribe()
+	defer s.l.requests.Unsubscribe(reqSub)
+	nodeSub := s.l.nodes.Subscribe()
+	defer s.l.nodes.Unsubscribe(nodeSub)
+	compSub := s.l.components.Subscribe()
+	defer s.l.components.Unsubscribe(compSub)
+	defer s.jobs.Wait()
+
+	tick := time.NewTicker(s.l.opts.SyncInterval)
+	defer tick.Stop()
+	for {
+		for _, ch := range reqSub.Drain() {
+			s.indexRequest(ch)
+		}
+		for _, ch := range nodeSub.Drain() {
+			s.indexNode(ch)
+		}
+		compSub.Drain()
+		s.collectDone()
+		s.pass(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-reqSub.C():
+		case <-nodeSub.C():
+		case <-compSub.C():
+		case <-s.doneC:
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *scheduler) indexRequest(ch kv.Change[kv.Request]) {
+	if ch.New != nil && (ch.New.Value.State == kv.RequestRequested || ch.New.Value.State == kv.RequestPending) {
+		s.openReqs[ch.Key] = true
+	} else {
+		delete(s.openReqs, ch.Key)
+	}
+}
+
+func (s *scheduler) indexNode(ch kv.Change[kv.Node]) {
+	if ch.New != nil && ch.New.Value.Provider == s.prov.Name && ch.New.Value.Pool == s.pool.Name {
+		s.poolNodes[ch.Key] = true
+	} else {
+		delete(s.poolNodes, ch.Key)
+	}
+}
+
+// spawn runs a job; its busy keys stay set until the loop collects it.
+func (s *scheduler) spawn(ctx context.Context, d jobDone, job func(ctx context.Context)) {
+	for _, k := range d.keys {
+		s.busy[k] = true
+	}
+	for _, k := range d.reserved {
+		s.reserved[k] = true
+	}
+	s.jobs.Go(func() {
+		defer func() {
+			s.doneMu.Lock()
+			s.done = append(s.done, d)
+			s.doneMu.Unlock()
+			select {
+			case s.doneC <- struct{}{}:
+			default:
+			}
+		}()
+		select {
+		case s.jobSem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-s.jobSem }()
+		job(ctx)
+	})
+}
+
+func (s *scheduler) collectDone() {
+	s.doneMu.Lock()
+	done := s.done
+	s.done = nil
+	s.doneMu.Unlock()
+	for _, d := range done {
+		for _, k := range d.keys {
+			delete(s.busy, k)
+		}
+		for _, k := range d.reserved {
+			delete(s.reserved, k)
+		}
+		if d.request != "" {
+			delete(s.newNodes, d.request)
+		}
+	}
+}
+
+// requestLess orders requests: real ones before min-ready ones, then lower
+// priority, lower relative priority, earlier submission.
+func requestLess(a, b *kv.Request) int {
+	am, bm := a.Requestor == MinReadyRequestor, b.Requestor == MinReadyRequestor
+	switch {
+	case am != bm:
+		if am {
+			return 1
+		}
+		return -1
+	case a.Priority != b.Priority:
+		return a.Priority - b.Priority
+	case a.RelativePriority != b.RelativePriority:
+		return a.RelativePriority - b.RelativePriority
+	case !a.Created.Equal(b.Created):
+		return a.Created.Compare(b.Created)
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// slot is one node of a request's plan.
+type slot struct {
+	index int
+	label string
+	node  string // id of the node (existing when reuse, new otherwise)
+	reuse bool
+}
+
+// pass looks at the pool's requests and nodes and starts the jobs they need.
+func (s *scheduler) pass(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	l := s.l
+	used := 0
+	free := map[string][]string{} // label -> ready unallocated nodes
+	for id := range s.poolNodes {
+		e, ok := l.nodes.Get(id)
+		if !ok {
+			continue
+		}
+		used++
+		n := &e.Value
+		if s.busy[id] || s.reserved[id] {
+			continue
+		}
+		if n.AllocatedTo != "" && (n.State == kv.NodeReady || n.State == kv.NodeBuilding) {
+			r, ok := l.requests.Get(n.AllocatedTo)
+			if !ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id) {
+				s.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
+			}
+			continue
+		}
+		if n.State == kv.NodeReady && n.AllocatedTo == "" && len(n.Labels) > 0 {
+			free[n.Labels[0]] = append(free[n.Labels[0]], id)
+		}
+	}
+	for label := range free {
+		ids := free[label]
+		slices.SortFunc(ids, func(a, b string) int {
+			ea, _ := l.nodes.Get(a)
+			eb, _ := l.nodes.Get(b)
+			return ea.Value.StateTime.Compare(eb.Value.StateTime)
+		})
+	}
+	capacity := s.pool.MaxServers - used
+	for _, n := range s.newNodes {
+		capacity -= n
+	}
+
+	var waiting []*kv.Request
+	for id := range s.openReqs {
+		if s.busy[id] {
+			continue
+		}
+		e, ok := l.requests.Get(id)
+		if !ok {
+			continue
+		}
+		r := e.Value
+		switch {
+		case r.State == kv.RequestPending && r.Provider == s.prov.Name && r.Pool == s.pool.Name:
+			s.checkPending(ctx, &r, free, &capacity)
+		case r.State == kv.RequestRequested && !slices.Contains(r.DeclinedBy, s.ref):
+			waiting = append(waiting, &r)
+		}
+	}
+	slices.SortFunc(waiting, requestLess)
+
+	live := l.livePools()
+	blocked := false
+	for _, r := range waiting {
+		if !s.canServe(r) {
+			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID) })
+			continue
+		}
+		if s.deferred(r, live) {
+			continue
+		}
+		plan, need := s.plan(r, free, nil)
+		if need > capacity || (blocked && need > 0) {
+			// Wait in place: keep the ready nodes this request would take,
+			// and let only requests that need no new node pass it.
+			blocked = true
+			continue
+		}
+		capacity -= need
+		s.newNodes[r.ID] = need
+		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		for _, sl := range plan {
+			if sl.reuse {
+				d.reserved = append(d.reserved, sl.node)
+			}
+		}
+		s.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+	}
+}
+
+// plan picks, for each label of r (or the given slots only), a ready node
+// of this pool or a new one; free loses the nodes picked. need counts the
+// new nodes.
+func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([]slot, int) {
+	var plan []slot
+	need := 0
+	for i, label := range r.Labels {
+		if only != nil && !slices.Contains(only, i) {
+			continue
+		}
+		if r.Reuse && len(free[label]) > 0 {
+			plan = append(plan, slot{index: i, label: label, node: free[label][0], reuse: true})
+			free[label] = free[label][1:]
+			continue
+		}
+		plan = append(plan, slot{index: i, label: label, node: newNodeID()})
+		need++
+	}
+	return plan, need
+}
+
+// newNodeID returns a fresh random node id (13 characters of [0-9a-z]).
+func newNodeID() string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var b [13]byte
+	_, _ = rand.Read(b[:])
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b[:])
+}
+
+// canServe reports whether this pool could ever serve r.
+func (s *scheduler) canServe(r *kv.Request) bool {
+	for _, label := range r.Labels {
+		if !s.labels[label] {
+			return false
+		}
+	}
+	return true
+}
+
+// deferred reports whether r should be left to another live pool: the
+// provider it names, or a pool of better (lower) priority that provides all
+// its labels and has not declined it.
+func (s *scheduler) deferred(r *kv.Request, live map[string]kv.ComponentPool) bool {
+	if r.Provider != "" && r.Provider != s.prov.Name {
+		for _, p := range live {
+			if p.Provider == r.Provider {
+				return true
+			}
+		}
+	}
+	for ref, p := range live {
+		if ref == s.ref || p.Priority >= s.pool.Priority || slices.Contains(r.DeclinedBy, ref) {
+			continue
+		}
+		if r.Provider != "" && p.Provider != r.Provider {
+			continue
+		}
+		if providesAll(p.Labels, r.Labels) {
+			return true
+		}
+	}
+	return false
+}
+
+func providesAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkPending moves a request this pool claimed along: fulfil it when all
+// its nodes are ready, fail it when one failed, replace nodes that vanished.
+func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, capacity *int) {
+	l := s.l
+	if len(r.Nodes) != len(r.Labels) {
+		// A plan that does not match the labels: plan every slot again.
+		r.Nodes = make([]string, len(r.Labels))
+	}
+	ready := true
+	var missing []int
+	for i, id := range r.Nodes {
+		e, ok := l.nodes.Get(id)
+		if !ok || e.Value.AllocatedTo != r.ID {
+			missing = append(missing, i)
+			continue
+		}
+		n := &e.Value
+		switch {
+		case n.State == kv.NodeReady || n.State == kv.NodeInUse:
+		case n.State == kv.NodeFailed || (n.Reason != "" && (n.State == kv.NodeDeleting || n.State == kv.NodeUsed)):
+			reason := n.Reason
+			if reason == "" {
+				reason = fmt.Sprintf("node %s failed", id)
+			}
+			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
+			return
+		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
+			ready = false
+		default:
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		plan, need := s.plan(r, free, missing)
+		if need > *capacity {
+			return
+		}
+		*capacity -= need
+		s.newNodes[r.ID] = need
+		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		for _, sl := range plan {
+			if sl.reuse {
+				d.reserved = append(d.reserved, sl.node)
+			}
+		}
+		old := slices.Clone(r.Nodes)
+		s.spawn(ctx, d, func(ctx context.Context) { s.replan(ctx, r.ID, old, plan) })
+		return
+	}
+	if ready {
+		nodes := slices.Clone(r.Nodes)
+		s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
+	}
+}
+
+// claim takes a waiting request for this pool (requested -> pending, with
+// its plan) and then allocates or creates its nodes.
+func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
+	now := time.Now().UTC()
+	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestPending, now)
+		r.Provider, r.Pool = s.prov.Name, s.pool.Name
+		r.Nodes = make([]string, len(r.Labels))
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("could not claim request", "request", id, "err", err)
+		}
+		return
+	}
+	s.assign(ctx, &e.Value, plan)
+}
+
+// replan replaces the nodes of some slots of a pending request.
+func (s *scheduler) replan(ctx context.Context, id string, old []string, plan []slot) {
+	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, old) {
+			return kv.ErrSkip
+		}
+		if len(r.Nodes) != len(r.Labels) {
+			r.Nodes = make([]string, len(r.Labels))
+		}
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	s.assign(ctx, &e.Value, plan)
+}
+
+// assign allocates the reused nodes and creates the new ones of a plan, all
+// at once; if every node of the request is then ready, it is fulfilled.
+func (s *scheduler) assign(ctx context.Context, r *kv.Request, plan []slot) {
+	l := s.l
+	var wg sync.WaitGroup
+	ok := make([]bool, len(plan))
+	for i, sl := range plan {
+		wg.Go(func() {
+			if sl.reuse {
+				ok[i] = s.allocate(ctx, sl.node, r)
+			} else {
+				ok[i] = s.create(ctx, sl, r)
+			}
+		})
+	}
+	wg.Wait()
+	for i, sl := range plan {
+		if !ok[i] || !sl.reuse {
+			return // the next pass replans what failed; launches take time
+		}
+	}
+	for _, id := range r.Nodes {
+		e, found := l.nodes.Get(id)
+		if !found || e.Value.State != kv.NodeReady || e.Value.AllocatedTo != r.ID {
+			return
+		}
+	}
+	s.fulfil(ctx, r.ID, r.Nodes)
+}
+
+// allocate gives a ready, unallocated node to a request.
+func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) bool {
+	_, err := s.l.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.State != kv.NodeReady || n.AllocatedTo != "" {
+			return kv.ErrSkip
+		}
+		n.AllocatedTo, n.Requestor, n.Tenant = r.ID, r.Requestor, r.Tenant
+		return nil
+	})
+	if err != nil {
+		return false
+	}
+	s.l.metrics.NodesReused.Add(1)
+	return true
+}
+
+// create writes the record of a new node for a request; the node lifecycle
+// group launches it.
+func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
+	now := time.Now().UTC()
+	size, err := s.l.opts.Providers[s.prov.Name].QuotaForLabel(s.pool.Name, sl.label)
+	if err != nil {
+		size = kv.Resources{Instances: 1}
+	}
+	n := &kv.Node{
+		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
+		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
+		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
+		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
+		Created: now, StateTime: now,
+	}
+	_, err = s.l.nodes.Create(ctx, n.ID, n)
+	if err != nil && !errors.Is(err, kv.ErrExists) {
+		if ctx.Err() == nil {
+			s.log.Warn("could not create node", "node", n.ID, "request", r.ID, "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// fulfil marks a pending request fulfilled with its nodes.
+func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, nodes) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFulfilled, time.Now().UTC())
+		r.Reason = ""
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsFulfilled.Add(1)
+	}
+}
+
+// fail marks a pending request of this pool failed.
+func (s *scheduler) fail(ctx context.Context, id, reason string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFailed, time.Now().UTC())
+		r.Reason = reason
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsFailed.Add(1)
+	}
+}
+
+// decline records that this pool cannot serve a request; the last live pool
+// to decline fails it.
+func (s *scheduler) decline(ctx context.Context, id string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.DeclinedBy = append(r.DeclinedBy, s.ref)
+		failIfAllDeclined(r, s.l.livePools(), time.Now().UTC())
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsDeclined.Add(1)
+	}
+}
+
+// failIfAllDeclined fails a waiting request that every live pool declined.
+func failIfAllDeclined(r *kv.Request, live map[string]kv.ComponentPool, now time.Time) bool {
+	if r.State != kv.RequestRequested || len(live) == 0 {
+		return false
+	}
+	for ref := range live {
+		if !slices.Contains(r.DeclinedBy, ref) {
+			return false
+		}
+	}
+	r.SetState(kv.RequestFailed, now)
+	r.Reason = fmt.Sprintf("no pool can serve labels [%s]: declined by every live pool (%s)",
+		strings.Join(r.Labels, " "), strings.Join(r.DeclinedBy, ", "))
+	return true
+}
+
+// freeNode takes a node back from a request that is gone, failed, or no
+// longer lists it; it becomes an unallocated node of the pool.
+func (s *scheduler) freeNode(ctx context.Context, nodeID, request string) {
+	_, err := s.l.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.AllocatedTo != request || (n.State != kv.NodeReady && n.State != kv.NodeBuilding) {
+			return kv.ErrSkip
+		}
+		n.AllocatedTo, n.Requestor, n.Tenant = "", "", ""
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		s.log.Warn("could not free node", "node", nodeID, "err", err)
+	}
+}

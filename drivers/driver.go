@@ -1,0 +1,119 @@
+// Package drivers defines what a provider driver does (create and delete
+// instances through resumable state machines, list instances, report quota)
+// and the kinds of failure a driver reports. Each driver lives in a package
+// of its own and is constructed explicitly from the configuration.
+package drivers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Failure kinds. Drivers wrap them (fmt.Errorf("%w: ...", ErrQuotaExceeded))
+// so the launcher decides between waiting, retrying and failing with
+// errors.Is, without matching strings.
+var (
+	// ErrQuotaExceeded: the cloud refused for lack of quota. Not a failed
+	// launch attempt: the launch waits for capacity.
+	ErrQuotaExceeded = errors.New("quota exceeded")
+	// ErrCapacity: the cloud has no room for this size right now.
+	ErrCapacity = errors.New("insufficient capacity")
+	// ErrNotFound: the instance or image does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrRateLimited: the cloud asks to slow down; retry later.
+	ErrRateLimited = errors.New("rate limited")
+)
+
+// Tags that every driver puts on the instances it creates, so that leaked
+// instances can be found and matched to node records.
+const (
+	TagProvider = "nodepool_provider_name"
+	TagPool     = "nodepool_pool_name"
+	TagNode     = "nodepool_node_id"
+	TagLabel    = "nodepool_label"
+)
+
+// Resources is what an instance counts against quota.
+type Resources = kv.Resources
+
+// Unlimited is a quota limit that is never reached.
+const Unlimited = int(^uint(0) >> 2)
+
+// Instance is a machine as a driver sees it.
+type Instance struct {
+	ExternalID     string
+	Name           string
+	Tags           map[string]string
+	Region         string
+	AZ             string
+	InterfaceIP    string
+	PublicIPv4     string
+	PrivateIPv4    string
+	PublicIPv6     string
+	Username       string
+	ConnectionType string
+	ConnectionPort int
+	HostKeys       []string
+	ImageID        string
+	Resources      Resources
+}
+
+// NodeID is the node id tagged on the instance, if it is one of ours.
+func (i *Instance) NodeID() string { return i.Tags[TagNode] }
+
+// CreateRequest is what the launcher asks a driver to create.
+type CreateRequest struct {
+	NodeID   string
+	Hostname string
+	Provider string
+	Pool     string
+	Label    string
+	// Attempt counts from 1; a driver makes each attempt's instance distinct
+	// (an idempotency token, a name) so that a resumed attempt never creates
+	// a second instance.
+	Attempt int
+	Tags    map[string]string
+}
+
+// Step is the outcome of one Advance of a state machine.
+type Step struct {
+	// Done: the machine finished; for a create machine Instance is set.
+	Done bool
+	// Wait: how long to wait before the next Advance (a hint).
+	Wait time.Duration
+	// Instance is the created instance once Done.
+	Instance *Instance
+}
+
+// StateMachine creates or deletes one instance, one step per Advance. Its
+// progress (State) is stored in the node record after every step, so another
+// process can resume it with the driver's ResumeCreate/ResumeDelete.
+type StateMachine interface {
+	Advance(ctx context.Context) (Step, error)
+	// State is the machine's progress, to store in the node's driver_data.
+	State() json.RawMessage
+	// ExternalID is the instance's id once known ("" before).
+	ExternalID() string
+}
+
+// Provider is one configured provider of a driver.
+type Provider interface {
+	// Create returns a machine that creates an instance for req; state is
+	// what State() returned before (nil to start afresh).
+	Create(req CreateRequest, state json.RawMessage) (StateMachine, error)
+	// Delete returns a machine that deletes an instance; state as above.
+	Delete(externalID string, state json.RawMessage) (StateMachine, error)
+	// ListInstances lists every instance the provider sees, ours (tagged)
+	// and others, for leak detection and quota.
+	ListInstances(ctx context.Context) ([]Instance, error)
+	// QuotaLimits is the provider's total quota (Unlimited where none).
+	QuotaLimits(ctx context.Context) (Resources, error)
+	// QuotaForLabel is what one node of a label costs in a pool.
+	QuotaForLabel(pool, label string) (Resources, error)
+	// Close releases what the provider holds.
+	Close()
+}

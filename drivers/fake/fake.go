@@ -1,0 +1,398 @@
+// Package fake is a simulated cloud behind the driver interface: instances
+// boot after a settable delay, fail at a settable rate, count against a
+// settable quota and are deleted after a settable delay. Its instances live
+// in a KV bucket of their own (fakecloud-<cloud>), so they outlive any one
+// launcher process and every process sees the same cloud, as it would a real
+// one.
+package fake
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Instance statuses, as a cloud reports them.
+const (
+	StatusBuild    = "BUILD"
+	StatusActive   = "ACTIVE"
+	StatusError    = "ERROR"
+	StatusDeleting = "DELETING"
+)
+
+// BucketName is the bucket holding a fake cloud's instances.
+func BucketName(cloud string) string { return "fakecloud-" + cloud }
+
+// InstanceRecord is one instance of the fake cloud, as stored.
+type InstanceRecord struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name"`
+	Token    string            `json:"token,omitempty"`
+	Tags     map[string]string `json:"tags"`
+	Flavor   string            `json:"flavor,omitempty"`
+	Image    string            `json:"image,omitempty"`
+	Cores    int               `json:"cores"`
+	RAM      int               `json:"ram"`
+	IPv4     string            `json:"ipv4"`
+	Created  time.Time         `json:"created"`
+	ReadyAt  time.Time         `json:"ready_at"`
+	Fail     bool              `json:"fail,omitempty"`
+	DeleteAt *time.Time        `json:"delete_at,omitempty"`
+}
+
+// Status is the instance's status at a moment.
+func (r *InstanceRecord) Status(now time.Time) string {
+	switch {
+	case r.DeleteAt != nil:
+		return StatusDeleting
+	case now.Before(r.ReadyAt):
+		return StatusBuild
+	case r.Fail:
+		return StatusError
+	}
+	return StatusActive
+}
+
+// Provider is one fake provider: its pools' labels and flavors, and the
+// simulated cloud it talks to.
+type Provider struct {
+	cfg    *config.Provider
+	store  *kv.Store[InstanceRecord]
+	cache  *kv.Cache[InstanceRecord]
+	log    *slog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+// New opens (creating if needed) the fake cloud of a provider and starts
+// watching its instances.
+func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, replicas int, log *slog.Logger) (*Provider, error) {
+	if cfg.Driver != "fake" {
+		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
+	}
+	bucket, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
+		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		bucket, err = js.KeyValue(ctx, BucketName(cfg.Cloud))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
+	}
+	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
+	p := &Provider{
+		cfg:   cfg,
+		store: kv.NewStore[InstanceRecord](bucket),
+		log:   log,
+		done:  make(chan struct{}),
+		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
+	}
+	p.cache = kv.NewCache(p.store, log)
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	go func() {
+		defer close(p.done)
+		_ = p.cache.Run(cctx)
+	}()
+	return p, nil
+}
+
+// Close stops watching the cloud.
+func (p *Provider) Close() {
+	p.cancel()
+	<-p.done
+}
+
+// apiCall simulates the latency of one cloud API call.
+func (p *Provider) apiCall(ctx context.Context) error {
+	d := p.cfg.APIDelay.D()
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// instanceID derives the instance id from the idempotency token, so that a
+// create repeated with the same token finds the same instance.
+func instanceID(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return "i-" + hex.EncodeToString(sum[:8])
+}
+
+// QuotaLimits is the cloud's quota from the configuration.
+func (p *Provider) QuotaLimits(ctx context.Context) (drivers.Resources, error) {
+	q := config.CloudQuota{}
+	if p.cfg.Quota != nil {
+		q = *p.cfg.Quota
+	}
+	orUnlimited := func(v int) int {
+		if v <= 0 {
+			return drivers.Unlimited
+		}
+		return v
+	}
+	return drivers.Resources{Instances: orUnlimited(q.Instances), Cores: orUnlimited(q.Cores), RAM: orUnlimited(q.RAM)}, nil
+}
+
+// poolLabel finds a label's entry in a pool.
+func (p *Provider) poolLabel(pool, label string) (config.PoolLabel, error) {
+	pc, ok := p.cfg.Pool(pool)
+	if !ok {
+		return config.PoolLabel{}, fmt.Errorf("provider %s has no pool %q", p.cfg.Name, pool)
+	}
+	pl, ok := pc.Label(label)
+	if !ok {
+		return config.PoolLabel{}, fmt.Errorf("pool %s/%s has no label %q", p.cfg.Name, pool, label)
+	}
+	return pl, nil
+}
+
+// QuotaForLabel is the size of the label's flavor, and one instance.
+func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) {
+	pl, err := p.poolLabel(pool, label)
+	if err != nil {
+		return drivers.Resources{}, err
+	}
+	r := drivers.Resources{Instances: 1}
+	if f, ok := p.cfg.Flavor(pl.FlavorName); ok {
+		r.Cores, r.RAM = f.Cores, f.RAM
+	}
+	return r, nil
+}
+
+// ListInstances lists every instance of the cloud, ours and others.
+func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error) {
+	if err := p.apiCall(ctx); err != nil {
+		return nil, err
+	}
+	if err := p.cache.WaitSynced(ctx); err != nil {
+		return nil, err
+	}
+	var out []drivers.Instance
+	p.cache.Range(func(e *kv.Entry[InstanceRecord]) bool {
+		out = append(out, p.toInstance(&e.Value))
+		return true
+	})
+	return out, nil
+}
+
+func (p *Provider) toInstance(r *InstanceRecord) drivers.Instance {
+	return drivers.Instance{
+		ExternalID:     r.ID,
+		Name:           r.Name,
+		Tags:           r.Tags,
+		Region:         "fake-region",
+		AZ:             "fake-az",
+		InterfaceIP:    r.IPv4,
+		PublicIPv4:     r.IPv4,
+		PrivateIPv4:    r.IPv4,
+		Username:       "zuul",
+		ConnectionType: "ssh",
+		ConnectionPort: 22,
+		ImageID:        r.Image,
+		Resources:      drivers.Resources{Cores: r.Cores, RAM: r.RAM, Instances: 1},
+	}
+}
+
+// usage adds up what every instance of the cloud holds.
+func (p *Provider) usage() drivers.Resources {
+	var u drivers.Resources
+	p.cache.Range(func(e *kv.Entry[InstanceRecord]) bool {
+		u.Instances++
+		u.Cores += e.Value.Cores
+		u.RAM += e.Value.RAM
+		return true
+	})
+	return u
+}
+
+// Inject adds an instance that nodepool did not create (another tenant's, or
+// a leaked one when tags are given), as a test or a demo would.
+func (p *Provider) Inject(ctx context.Context, name string, tags map[string]string, cores, ram int) (string, error) {
+	now := time.Now().UTC()
+	rec := InstanceRecord{ID: instanceID(name + now.String()), Name: name, Tags: tags, Cores: cores, RAM: ram,
+		IPv4: "192.0.2.1", Created: now, ReadyAt: now}
+	if _, err := p.store.Create(ctx, rec.ID, &rec); err != nil {
+		return "", err
+	}
+	return rec.ID, nil
+}
+
+// Create returns a machine that creates the instance of one node.
+func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
+	m := &createMachine{p: p, req: req}
+	if len(state) > 0 && string(state) != "null" {
+		if err := json.Unmarshal(state, &m.st); err != nil {
+			return nil, fmt.Errorf("fake: resuming create of node %s: %w", req.NodeID, err)
+		}
+	}
+	return m, nil
+}
+
+// Delete returns a machine that deletes an instance.
+func (p *Provider) Delete(externalID string, state json.RawMessage) (drivers.StateMachine, error) {
+	m := &deleteMachine{p: p, st: machineState{Instance: externalID}}
+	if len(state) > 0 && string(state) != "null" {
+		if err := json.Unmarshal(state, &m.st); err != nil {
+			return nil, fmt.Errorf("fake: resuming delete of %s: %w", externalID, err)
+		}
+	}
+	if m.st.Instance == "" {
+		m.st.Instance = externalID
+	}
+	return m, nil
+}
+
+// machineState is what the fake's machines store in driver_data.
+type machineState struct {
+	Step     string `json:"step,omitempty"`
+	Instance string `json:"instance,omitempty"`
+}
+
+type createMachine struct {
+	p   *Provider
+	req drivers.CreateRequest
+	st  machineState
+}
+
+func (m *createMachine) State() json.RawMessage {
+	data, _ := json.Marshal(m.st)
+	return data
+}
+
+func (m *createMachine) ExternalID() string { return m.st.Instance }
+
+func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	p := m.p
+	if err := p.apiCall(ctx); err != nil {
+		return drivers.Step{}, err
+	}
+	now := time.Now().UTC()
+	switch m.st.Step {
+	case "":
+		token := fmt.Sprintf("%s/%d", m.req.NodeID, m.req.Attempt)
+		id := instanceID(token)
+		if _, err := p.store.Get(ctx, id); err == nil {
+			// Created by an earlier try of this same attempt.
+			m.st = machineState{Step: "boot", Instance: id}
+			return drivers.Step{}, nil
+		}
+		pl, err := p.poolLabel(m.req.Pool, m.req.Label)
+		if err != nil {
+			return drivers.Step{}, err
+		}
+		size, _ := p.QuotaForLabel(m.req.Pool, m.req.Label)
+		if err := p.cache.WaitSynced(ctx); err != nil {
+			return drivers.Step{}, err
+		}
+		limits, _ := p.QuotaLimits(ctx)
+		if used := p.usage().Add(size); used.Instances > limits.Instances || used.Cores > limits.Cores || used.RAM > limits.RAM {
+			return drivers.Step{}, fmt.Errorf("%w: cloud %s: %d instances, %d cores, %d ram in use of %d, %d, %d",
+				drivers.ErrQuotaExceeded, p.cfg.Cloud, used.Instances-1, used.Cores-size.Cores, used.RAM-size.RAM,
+				limits.Instances, limits.Cores, limits.RAM)
+		}
+		p.mu.Lock()
+		fail := p.rng.Float64() < p.cfg.FailureRate
+		ip := fmt.Sprintf("10.%d.%d.%d", p.rng.IntN(256), p.rng.IntN(256), 1+p.rng.IntN(254))
+		p.mu.Unlock()
+		rec := InstanceRecord{
+			ID: id, Name: m.req.Hostname, Token: token, Tags: m.req.Tags,
+			Flavor: pl.FlavorName, Image: pl.CloudImage, Cores: size.Cores, RAM: size.RAM,
+			IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
+		}
+		if _, err := p.store.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
+			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
+		}
+		p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec})
+		m.st = machineState{Step: "boot", Instance: id}
+		return drivers.Step{Wait: p.cfg.BootDelay.D()}, nil
+	case "boot":
+		e, err := p.store.Get(ctx, m.st.Instance)
+		if errors.Is(err, kv.ErrNotFound) {
+			return drivers.Step{}, fmt.Errorf("%w: instance %s vanished while booting", drivers.ErrNotFound, m.st.Instance)
+		}
+		if err != nil {
+			return drivers.Step{}, err
+		}
+		switch e.Value.Status(now) {
+		case StatusBuild:
+			return drivers.Step{Wait: e.Value.ReadyAt.Sub(now)}, nil
+		case StatusError:
+			return drivers.Step{}, fmt.Errorf("instance %s went to ERROR while booting", m.st.Instance)
+		case StatusDeleting:
+			return drivers.Step{}, fmt.Errorf("instance %s is being deleted", m.st.Instance)
+		}
+		inst := p.toInstance(&e.Value)
+		return drivers.Step{Done: true, Instance: &inst}, nil
+	}
+	return drivers.Step{}, fmt.Errorf("fake: unknown create step %q", m.st.Step)
+}
+
+type deleteMachine struct {
+	p  *Provider
+	st machineState
+}
+
+func (m *deleteMachine) State() json.RawMessage {
+	data, _ := json.Marshal(m.st)
+	return data
+}
+
+func (m *deleteMachine) ExternalID() string { return m.st.Instance }
+
+func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	p := m.p
+	if err := p.apiCall(ctx); err != nil {
+		return drivers.Step{}, err
+	}
+	e, err := p.store.Get(ctx, m.st.Instance)
+	if errors.Is(err, kv.ErrNotFound) {
+		return drivers.Step{Done: true}, nil
+	}
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	now := time.Now().UTC()
+	if e.Value.DeleteAt == nil {
+		at := now.Add(p.cfg.DeleteDelay.D())
+		e.Value.DeleteAt = &at
+		if p.cfg.DeleteDelay.D() > 0 {
+			if _, err := p.store.Update(ctx, m.st.Instance, &e.Value, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) {
+				return drivers.Step{}, err
+			}
+			m.st.Step = "deleting"
+			return drivers.Step{Wait: p.cfg.DeleteDelay.D()}, nil
+		}
+	}
+	if now.Before(*e.Value.DeleteAt) {
+		return drivers.Step{Wait: e.Value.DeleteAt.Sub(now)}, nil
+	}
+	if err := p.store.Delete(ctx, m.st.Instance, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) {
+		return drivers.Step{}, err
+	}
+	return drivers.Step{Done: true}, nil
+}

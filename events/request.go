@@ -1,0 +1,173 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultPriority is the priority of a request that names none.
+const DefaultPriority = 100
+
+// MaxLabels bounds the nodes one request may ask for.
+const MaxLabels = 256
+
+// RequestMessage is what a client publishes on nodepool.requests.new
+// (public contract). Only labels is required.
+type RequestMessage struct {
+	ID               string          `json:"id,omitempty"`
+	Labels           []string        `json:"labels"`
+	Requestor        string          `json:"requestor,omitempty"`
+	Priority         *int            `json:"priority,omitempty"`
+	RelativePriority int             `json:"relative_priority,omitempty"`
+	Reuse            *bool           `json:"reuse,omitempty"`
+	Tenant           string          `json:"tenant,omitempty"`
+	Provider         string          `json:"provider,omitempty"`
+	EventID          string          `json:"event_id,omitempty"`
+	RequestorData    json.RawMessage `json:"requestor_data,omitempty"`
+}
+
+// PriorityOrDefault returns the priority, or DefaultPriority if unset.
+func (m *RequestMessage) PriorityOrDefault() int {
+	if m.Priority == nil {
+		return DefaultPriority
+	}
+	return *m.Priority
+}
+
+// ReuseOrDefault returns reuse, true if unset.
+func (m *RequestMessage) ReuseOrDefault() bool { return m.Reuse == nil || *m.Reuse }
+
+var (
+	idRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	labelRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+)
+
+// ValidID reports whether a client-chosen request id is acceptable: 1 to 64
+// of A-Z a-z 0-9 _ . -, not starting or ending with a dot, no "..".
+func ValidID(id string) bool {
+	return idRE.MatchString(id) && !strings.HasPrefix(id, ".") && !strings.HasSuffix(id, ".") && !strings.Contains(id, "..")
+}
+
+// RequestID is the id of a request published without one: its stream
+// sequence, zero-padded to 10 digits.
+func RequestID(seq uint64) string { return fmt.Sprintf("%010d", seq) }
+
+// ParseRequest decodes and validates a request message. On error the message
+// is returned as far as it could be read (its id, if valid, may be used),
+// and the error says every problem found.
+func ParseRequest(data []byte) (RequestMessage, error) {
+	var m RequestMessage
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return RequestMessage{}, fmt.Errorf("not a valid request: %s", describeJSONError(err))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return RequestMessage{}, errors.New("not a valid request: extra data after the JSON object")
+	}
+	if err := m.Validate(); err != nil {
+		if !ValidID(m.ID) {
+			m.ID = ""
+		}
+		return m, err
+	}
+	return m, nil
+}
+
+func describeJSONError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("bad JSON at byte %d: %s", se.Offset, se.Error())
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			return fmt.Sprintf("expected a JSON object, got a JSON %s", te.Value)
+		}
+		return fmt.Sprintf("%s: expected %s, got a JSON %s", field, jsonTypeName(te.Type.String()), te.Value)
+	case errors.Is(err, io.EOF):
+		return "the message is empty; expected a JSON object with labels"
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ") + "; expected only id, labels, requestor, priority, relative_priority, reuse, tenant, provider, event_id, requestor_data"
+	}
+	return err.Error()
+}
+
+func jsonTypeName(goType string) string {
+	switch goType {
+	case "string":
+		return "a string"
+	case "[]string":
+		return "a list of strings"
+	case "int", "*int":
+		return "an integer"
+	case "*bool", "bool":
+		return "true or false"
+	}
+	return goType
+}
+
+// Validate checks a decoded message and names every problem.
+func (m *RequestMessage) Validate() error {
+	var problems []string
+	if m.ID != "" && !ValidID(m.ID) {
+		problems = append(problems, fmt.Sprintf("id %q is not valid: expected 1 to 64 of A-Z a-z 0-9 _ . - (no leading, trailing or double dot)", m.ID))
+	}
+	if len(m.Labels) == 0 {
+		problems = append(problems, "labels: required; expected a list with one label per node wanted")
+	}
+	if len(m.Labels) > MaxLabels {
+		problems = append(problems, fmt.Sprintf("labels: %d labels; at most %d nodes per request", len(m.Labels), MaxLabels))
+	}
+	for i, l := range m.Labels {
+		if !labelRE.MatchString(l) {
+			problems = append(problems, fmt.Sprintf("labels[%d]: %q is not a valid label name", i, l))
+		}
+	}
+	if len(m.RequestorData) > 0 {
+		trimmed := bytes.TrimSpace(m.RequestorData)
+		if !bytes.Equal(trimmed, []byte("null")) && (len(trimmed) == 0 || trimmed[0] != '{') {
+			problems = append(problems, "requestor_data: expected a JSON object")
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// PublishRequest validates and publishes a request and returns its id. With
+// an id, the message carries it as Nats-Msg-Id, so a resubmission within the
+// stream's duplicate window is a no-op.
+func PublishRequest(ctx context.Context, js jetstream.JetStream, m RequestMessage) (string, error) {
+	if err := m.Validate(); err != nil {
+		return "", fmt.Errorf("invalid request: %w", err)
+	}
+	data, err := json.Marshal(m)
+	if err != nil {
+		return "", fmt.Errorf("encoding request: %w", err)
+	}
+	msg := &nats.Msg{Subject: NewRequestSubject, Data: data, Header: nats.Header{}}
+	var opts []jetstream.PublishOpt
+	if m.ID != "" {
+		opts = append(opts, jetstream.WithMsgID(m.ID))
+	}
+	ack, err := js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		return "", fmt.Errorf("publishing request: %w", err)
+	}
+	if m.ID != "" {
+		return m.ID, nil
+	}
+	return RequestID(ack.Sequence), nil
+}

@@ -1,0 +1,84 @@
+// Package events names the JetStream subjects and streams of the public
+// contract, defines the messages that travel on them, and publishes them.
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Streams and subjects (public contract).
+const (
+	RequestsStream  = "NODEPOOL_REQUESTS"
+	RequestsSubject = "nodepool.requests.>"
+	// NewRequestSubject is where clients publish node requests.
+	NewRequestSubject = "nodepool.requests.new"
+
+	BuildsStream   = "NODEPOOL_BUILDS"
+	BuildsSubject  = "nodepool.builds.>"
+	UploadsSubject = "nodepool.uploads.>"
+)
+
+// BuildSubject is the trigger subject of an image build.
+func BuildSubject(image string) string { return "nodepool.builds." + image }
+
+// UploadSubject is the trigger subject of an image upload to a provider.
+func UploadSubject(image, provider string) string {
+	return "nodepool.uploads." + image + "." + provider
+}
+
+// RequestsRetention is how long request messages stay in their stream. The
+// stream is the inbox; the request records are the state.
+const RequestsRetention = 24 * time.Hour
+
+// DuplicateWindow is how long a Nats-Msg-Id makes a resubmission a no-op.
+const DuplicateWindow = 2 * time.Minute
+
+// StreamConfigs returns the configuration of each stream.
+func StreamConfigs(replicas int) []jetstream.StreamConfig {
+	if replicas == 0 {
+		replicas = 1
+	}
+	return []jetstream.StreamConfig{
+		{
+			Name:        RequestsStream,
+			Description: "node requests from clients",
+			Subjects:    []string{RequestsSubject},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      RequestsRetention,
+			Duplicates:  DuplicateWindow,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		},
+		{
+			Name:        BuildsStream,
+			Description: "image build and upload triggers",
+			Subjects:    []string{BuildsSubject, UploadsSubject},
+			Retention:   jetstream.WorkQueuePolicy,
+			Duplicates:  DuplicateWindow,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		},
+	}
+}
+
+// Ensure creates the streams that do not exist yet. A stream that exists with
+// other settings is used as it is, with a warning.
+func Ensure(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
+	for _, cfg := range StreamConfigs(replicas) {
+		_, err := js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			log.Warn("stream exists with other settings; using it as it is", "stream", cfg.Name)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket names (public contract).
+const (
+	BucketRequests   = "nodepool-requests"
+	BucketNodes      = "nodepool-nodes"
+	BucketImages     = "nodepool-images"
+	BucketComponents = "nodepool-components"
+	BucketLocks      = "nodepool-locks"
+)
+
+// Options shape the buckets a process creates.
+type Options struct {
+	// Replicas for every bucket: 1, 3 or 5.
+	Replicas int
+	// LeaseTTL is how long a component heartbeat or a lease lives without
+	// renewal.
+	LeaseTTL time.Duration
+}
+
+// Buckets are the stores of every bucket of the contract.
+type Buckets struct {
+	Requests   *Store[Request]
+	Nodes      *Store[Node]
+	Components *Store[Component]
+	Locks      *Store[LeaseRecord]
+	Images     jetstream.KeyValue
+}
+
+// BucketConfigs returns the configuration of each bucket.
+func BucketConfigs(o Options) []jetstream.KeyValueConfig {
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 10 * time.Second
+	}
+	return []jetstream.KeyValueConfig{
+		{Bucket: BucketRequests, Description: "node requests", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas},
+		{Bucket: BucketNodes, Description: "nodes", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas},
+		{Bucket: BucketImages, Description: "image builds and uploads", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas},
+		{Bucket: BucketComponents, Description: "live launchers and builders (heartbeat)", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas,
+			TTL: o.LeaseTTL, LimitMarkerTTL: markerTTL(o.LeaseTTL)},
+		{Bucket: BucketLocks, Description: "leases", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas,
+			TTL: o.LeaseTTL, LimitMarkerTTL: markerTTL(o.LeaseTTL)},
+	}
+}
+
+// markerTTL is how long an expiry marker stays: long enough for every
+// watcher to see it.
+func markerTTL(ttl time.Duration) time.Duration { return max(ttl, time.Minute) }
+
+// Ensure creates the buckets that do not exist yet. A bucket that exists with
+// other settings is used as it is, with a warning.
+func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Logger) (*Buckets, error) {
+	for _, cfg := range BucketConfigs(o) {
+		if err := ensureBucket(ctx, js, cfg, log); err != nil {
+			return nil, err
+		}
+	}
+	return Open(ctx, js)
+}
+
+func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) error {
+	_, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		log.Warn("the NATS server does not support TTL markers; lease expiry is noticed by polling", "bucket", cfg.Bucket)
+		cfg.LimitMarkerTTL = 0
+		_, err = js.CreateKeyValue(ctx, cfg)
+	}
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		existing, gerr := js.KeyValue(ctx, cfg.Bucket)
+		if gerr != nil {
+			return fmt.Errorf("opening bucket %s: %w", cfg.Bucket, gerr)
+		}
+		attrs := []any{"bucket", cfg.Bucket, "want_ttl", cfg.TTL, "want_history", cfg.History, "want_replicas", cfg.Replicas}
+		if st, serr := existing.Status(ctx); serr == nil {
+			if bst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+				have := bst.Config()
+				attrs = append(attrs, "have_ttl", have.TTL, "have_history", have.History, "have_replicas", have.Replicas)
+			}
+		}
+		log.Warn("bucket exists with other settings; using it as it is", attrs...)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
+	}
+	return nil
+}
+
+// Open opens the buckets, which must exist.
+func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
+	open := func(name string) (jetstream.KeyValue, error) {
+		b, err := js.KeyValue(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("opening bucket %s (is a launcher running against this server?): %w", name, err)
+		}
+		return b, nil
+	}
+	var bs Buckets
+	var err error
+	var b jetstream.KeyValue
+	if b, err = open(BucketRequests); err != nil {
+		return nil, err
+	}
+	bs.Requests = NewStore[Request](b)
+	if b, err = open(BucketNodes); err != nil {
+		return nil, err
+	}
+	bs.Nodes = NewStore[Node](b)
+	if b, err = open(BucketComponents); err != nil {
+		return nil, err
+	}
+	bs.Components = NewStore[Component](b)
+	if b, err = open(BucketLocks); err != nil {
+		return nil, err
+	}
+	bs.Locks = NewStore[LeaseRecord](b)
+	if bs.Images, err = open(BucketImages); err != nil {
+		return nil, err
+	}
+	return &bs, nil
+}

@@ -1,0 +1,385 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Change is one change seen by a Cache: New is nil when the key was deleted,
+// Old is nil when it was created.
+type Change[T any] struct {
+	Key string
+	Old *Entry[T]
+	New *Entry[T]
+}
+
+// Cache holds the current records of a bucket in memory, kept up to date by
+// a watch. Writers may apply their own successful writes at once (Apply), so
+// that a process never acts on an older revision of what it just wrote.
+type Cache[T any] struct {
+	store *Store[T]
+	log   *slog.Logger
+
+	mu      sync.RWMutex
+	entries map[string]*Entry[T]
+	// gone remembers the revision at which keys were deleted, so that a late
+	// Apply of an older revision cannot bring them back.
+	gone   map[string]uint64
+	subs   []*Subscription[T]
+	synced chan struct{}
+	once   sync.Once
+}
+
+// NewCache makes a cache of a store; Run fills it.
+func NewCache[T any](store *Store[T], log *slog.Logger) *Cache[T] {
+	return &Cache[T]{
+		store:   store,
+		log:     log.With("bucket", store.kv.Bucket()),
+		entries: map[string]*Entry[T]{},
+		gone:    map[string]uint64{},
+		synced:  make(chan struct{}),
+	}
+}
+
+// Synced is closed once the cache holds every record that existed when Run
+// started.
+func (c *Cache[T]) Synced() <-chan struct{} { return c.synced }
+
+// WaitSynced waits for Synced or the context.
+func (c *Cache[T]) WaitSynced(ctx context.Context) error {
+	select {
+	case <-c.synced:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run watches the bucket until ctx ends, restarting the watch where it
+// stopped if it fails.
+func (c *Cache[T]) Run(ctx context.Context) error {
+	var last uint64
+	for ctx.Err() == nil {
+		var opts []jetstream.WatchOpt
+		if last > 0 {
+			opts = append(opts, jetstream.ResumeFromRevision(last+1))
+		}
+		w, err := c.store.kv.WatchAll(ctx, opts...)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.Warn("watch failed; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		last = c.consume(ctx, w, last)
+		_ = w.Stop()
+	}
+	return nil
+}
+
+func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last uint64) uint64 {
+	if last > 0 {
+		// A resumed watch sends no initial-values marker we need.
+		c.markSynced()
+	}
+	// Deletions are remembered for a minute or two: long enough for any
+	// write-through of an older revision to arrive and be refused.
+	tidy := time.NewTicker(time.Minute)
+	defer tidy.Stop()
+	var lastAtTidy uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return last
+		case <-tidy.C:
+			c.ForgetDeleted(lastAtTidy)
+			lastAtTidy = last
+		case e, ok := <-w.Updates():
+			if !ok {
+				return last
+			}
+			if e == nil {
+				c.markSynced()
+				continue
+			}
+			last = e.Revision()
+			c.observe(e)
+		}
+	}
+}
+
+func (c *Cache[T]) markSynced() { c.once.Do(func() { close(c.synced) }) }
+
+func (c *Cache[T]) observe(e jetstream.KeyValueEntry) {
+	key := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		c.remove(key, e.Revision())
+		return
+	}
+	v, err := Decode[T](key, e.Value())
+	if err != nil {
+		c.log.Error("ignoring a record that is not valid", "key", key, "revision", e.Revision(), "err", err)
+		c.remove(key, e.Revision())
+		return
+	}
+	c.Apply(Entry[T]{Key: key, Value: v, Revision: e.Revision()})
+}
+
+func (c *Cache[T]) remove(key string, rev uint64) {
+	c.mu.Lock()
+	old, ok := c.entries[key]
+	if ok && old.Revision > rev {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.entries, key)
+	c.gone[key] = rev
+	subs := c.subs
+	c.mu.Unlock()
+	if ok {
+		for _, s := range subs {
+			s.push(Change[T]{Key: key, Old: old})
+		}
+	}
+}
+
+// Apply stores an entry if it is newer than what the cache holds and tells
+// subscribers. Writers call it with what they wrote.
+func (c *Cache[T]) Apply(e Entry[T]) {
+	c.mu.Lock()
+	old, ok := c.entries[e.Key]
+	if (ok && old.Revision >= e.Revision) || c.gone[e.Key] >= e.Revision {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.gone, e.Key)
+	ne := &e
+	c.entries[e.Key] = ne
+	subs := c.subs
+	c.mu.Unlock()
+	ch := Change[T]{Key: e.Key, New: ne}
+	if ok {
+		ch.Old = old
+	}
+	for _, s := range subs {
+		s.push(ch)
+	}
+}
+
+// Get returns the cached record of a key.
+func (c *Cache[T]) Get(key string) (Entry[T], bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return Entry[T]{}, false
+	}
+	return *e, true
+}
+
+// Has reports whether a key is cached.
+func (c *Cache[T]) Has(key string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, ok := c.entries[key]
+	return ok
+}
+
+// Len is the number of cached records.
+func (c *Cache[T]) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.entries)
+}
+
+// Range calls fn for each cached record until it returns false. The entries
+// must not be changed.
+func (c *Cache[T]) Range(fn func(*Entry[T]) bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.entries {
+		if !fn(e) {
+			return
+		}
+	}
+}
+
+// Subscribe returns a queue of every change from now on. The current content
+// is delivered first, as creations.
+func (c *Cache[T]) Subscribe() *Subscription[T] {
+	s := &Subscription[T]{signal: make(chan struct{}, 1)}
+	c.mu.Lock()
+	for _, e := range c.entries {
+		s.queue = append(s.queue, Change[T]{Key: e.Key, New: e})
+	}
+	c.subs = append(c.subs, s)
+	c.mu.Unlock()
+	s.notify()
+	return s
+}
+
+// Unsubscribe stops delivering changes to s.
+func (c *Cache[T]) Unsubscribe(s *Subscription[T]) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, x := range c.subs {
+		if x == s {
+			c.subs = append(c.subs[:i:i], c.subs[i+1:]...)
+			return
+		}
+	}
+}
+
+// ForgetDeleted drops the memory of deletions older than rev (called now and
+// then to bound memory).
+func (c *Cache[T]) ForgetDeleted(rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, r := range c.gone {
+		if r < rev {
+			delete(c.gone, k)
+		}
+	}
+}
+
+// Subscription is an unbounded queue of changes; C signals that Drain has
+// something.
+type Subscription[T any] struct {
+	mu     sync.Mutex
+	queue  []Change[T]
+	signal chan struct{}
+}
+
+func (s *Subscription[T]) push(ch Change[T]) {
+	s.mu.Lock()
+	s.queue = append(s.queue, ch)
+	s.mu.Unlock()
+	s.notify()
+}
+
+func (s *Subscription[T]) notify() {
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+// C receives a value when changes are waiting.
+func (s *Subscription[T]) C() <-chan struct{} { return s.signal }
+
+// Drain takes every waiting change.
+func (s *Subscription[T]) Drain() []Change[T] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue
+	s.queue = nil
+	return q
+}
+
+// List reads every record of the bucket once (without keeping a watch).
+func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Entry[T]
+	for {
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return out, errors.New("watch closed before listing finished")
+			}
+			if e == nil {
+				return out, nil
+			}
+			v, err := Decode[T](e.Key(), e.Value())
+			if err != nil {
+				continue
+			}
+			out = append(out, Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision()})
+		}
+	}
+}
+
+// Modify changes a record like Store.Modify, but starts from the cached
+// revision (saving a read when the cache is current) and applies the result
+// to the cache. fn gets a private copy it may change freely. When fn refuses
+// the cached copy, it is asked again with a fresh read, as the cache may be
+// behind.
+func (c *Cache[T]) Modify(ctx context.Context, key string, fn func(*T) error) (Entry[T], error) {
+	if cached, ok := c.Get(key); ok {
+		v, err := clone(&cached.Value)
+		if err != nil {
+			return cached, err
+		}
+		if fn(v) != nil {
+			return c.modifyFresh(ctx, key, fn)
+		}
+		rev, err := c.store.Update(ctx, key, v, cached.Revision)
+		if err == nil {
+			e := Entry[T]{Key: key, Value: *v, Revision: rev}
+			c.Apply(e)
+			return e, nil
+		}
+		if !errors.Is(err, ErrConflict) {
+			return cached, err
+		}
+	}
+	return c.modifyFresh(ctx, key, fn)
+}
+
+func (c *Cache[T]) modifyFresh(ctx context.Context, key string, fn func(*T) error) (Entry[T], error) {
+	e, err := c.store.Modify(ctx, key, fn)
+	if err == nil {
+		c.Apply(e)
+	}
+	return e, err
+}
+
+// Create writes a new record and applies it to the cache.
+func (c *Cache[T]) Create(ctx context.Context, key string, v *T) (Entry[T], error) {
+	rev, err := c.store.Create(ctx, key, v)
+	if err != nil {
+		return Entry[T]{}, err
+	}
+	e := Entry[T]{Key: key, Value: *v, Revision: rev}
+	c.Apply(e)
+	return e, nil
+}
+
+// Update writes a record at a revision and applies it to the cache.
+func (c *Cache[T]) Update(ctx context.Context, key string, v *T, rev uint64) (Entry[T], error) {
+	nrev, err := c.store.Update(ctx, key, v, rev)
+	if err != nil {
+		return Entry[T]{}, err
+	}
+	e := Entry[T]{Key: key, Value: *v, Revision: nrev}
+	c.Apply(e)
+	return e, nil
+}
+
+func clone[T any](v *T) (*T, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	out := new(T)
+	if err := json.Unmarshal(data, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,186 @@
+package kv
+
+import (
+	"encoding/json"
+	"slices"
+	"time"
+)
+
+// NodeState is the state of a node, as in Nodepool.
+type NodeState string
+
+// Node states.
+const (
+	NodeInit     NodeState = "init"
+	NodeBuilding NodeState = "building"
+	NodeReady    NodeState = "ready"
+	NodeInUse    NodeState = "in-use"
+	NodeUsed     NodeState = "used"
+	NodeHold     NodeState = "hold"
+	NodeDeleting NodeState = "deleting"
+	NodeFailed   NodeState = "failed"
+	NodeAborted  NodeState = "aborted"
+)
+
+// NodeStates lists every node state.
+var NodeStates = []NodeState{NodeInit, NodeBuilding, NodeReady, NodeInUse, NodeUsed, NodeHold, NodeDeleting, NodeFailed, NodeAborted}
+
+// Valid reports whether s is a known node state.
+func (s NodeState) Valid() bool { return slices.Contains(NodeStates, s) }
+
+// Resources is what a node counts against quota.
+type Resources struct {
+	Cores     int `json:"cores"`
+	RAM       int `json:"ram"`
+	Instances int `json:"instances"`
+}
+
+// Add returns r + o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{Cores: r.Cores + o.Cores, RAM: r.RAM + o.RAM, Instances: r.Instances + o.Instances}
+}
+
+// Sub returns r - o.
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{Cores: r.Cores - o.Cores, RAM: r.RAM - o.RAM, Instances: r.Instances - o.Instances}
+}
+
+// Node is a record of the nodepool-nodes bucket, keyed by id. The field names
+// are the public contract (see the README).
+type Node struct {
+	ID             string            `json:"id"`
+	State          NodeState         `json:"state"`
+	Labels         []string          `json:"labels"`
+	Provider       string            `json:"provider"`
+	Pool           string            `json:"pool"`
+	Cloud          string            `json:"cloud"`
+	Region         string            `json:"region"`
+	AZ             string            `json:"az"`
+	ExternalID     string            `json:"external_id"`
+	Hostname       string            `json:"hostname"`
+	InterfaceIP    string            `json:"interface_ip"`
+	PublicIPv4     string            `json:"public_ipv4"`
+	PrivateIPv4    string            `json:"private_ipv4"`
+	PublicIPv6     string            `json:"public_ipv6"`
+	ConnectionType string            `json:"connection_type"`
+	ConnectionPort int               `json:"connection_port"`
+	Username       string            `json:"username"`
+	HostKeys       []string          `json:"host_keys"`
+	ImageID        string            `json:"image_id"`
+	AllocatedTo    string            `json:"allocated_to"`
+	Holder         string            `json:"holder"`
+	LeaseUntil     *time.Time        `json:"lease_until"`
+	Launcher       string            `json:"launcher"`
+	HoldJob        string            `json:"hold_job"`
+	HoldExpiration *time.Time        `json:"hold_expiration"`
+	Comment        string            `json:"comment"`
+	Resources      Resources         `json:"resources"`
+	Attributes     map[string]string `json:"attributes"`
+	DriverData     json.RawMessage   `json:"driver_data"`
+	UserData       json.RawMessage   `json:"user_data"`
+	Tenant         string            `json:"tenant"`
+	Requestor      string            `json:"requestor"`
+	Created        time.Time         `json:"created"`
+	StateTime      time.Time         `json:"state_time"`
+
+	// Reason says why a node failed (extension of Nodepool's record).
+	Reason string `json:"reason,omitempty"`
+	// Attempt counts launch attempts so far (extension).
+	Attempt int `json:"attempt,omitempty"`
+}
+
+// HasLabel reports whether the node carries a label.
+func (n *Node) HasLabel(label string) bool { return slices.Contains(n.Labels, label) }
+
+// SetState changes the state and its timestamp.
+func (n *Node) SetState(s NodeState, now time.Time) {
+	if n.State != s {
+		n.State = s
+		n.StateTime = now
+	}
+}
+
+// RequestState is the state of a node request.
+type RequestState string
+
+// Request states.
+const (
+	RequestRequested RequestState = "requested"
+	RequestPending   RequestState = "pending"
+	RequestFulfilled RequestState = "fulfilled"
+	RequestFailed    RequestState = "failed"
+)
+
+// Request is a record of the nodepool-requests bucket, keyed by id.
+type Request struct {
+	ID               string          `json:"id"`
+	State            RequestState    `json:"state"`
+	Labels           []string        `json:"labels"`
+	Nodes            []string        `json:"nodes"`
+	DeclinedBy       []string        `json:"declined_by"`
+	Provider         string          `json:"provider"`
+	Pool             string          `json:"pool"`
+	Requestor        string          `json:"requestor"`
+	Priority         int             `json:"priority"`
+	RelativePriority int             `json:"relative_priority"`
+	Reuse            bool            `json:"reuse"`
+	Tenant           string          `json:"tenant"`
+	EventID          string          `json:"event_id"`
+	RequestorData    json.RawMessage `json:"requestor_data"`
+	Reason           string          `json:"reason"`
+	Created          time.Time       `json:"created"`
+	StateTime        time.Time       `json:"state_time"`
+}
+
+// SetState changes the state and its timestamp.
+func (r *Request) SetState(s RequestState, now time.Time) {
+	if r.State != s {
+		r.State = s
+		r.StateTime = now
+	}
+}
+
+// Done reports whether the request reached a final state.
+func (r *Request) Done() bool { return r.State == RequestFulfilled || r.State == RequestFailed }
+
+// PoolRef names a provider pool as "provider/pool".
+func PoolRef(provider, pool string) string { return provider + "/" + pool }
+
+// ComponentPool is a pool a launcher serves, as it announces it.
+type ComponentPool struct {
+	Provider string   `json:"provider"`
+	Pool     string   `json:"pool"`
+	Priority int      `json:"priority"`
+	Labels   []string `json:"labels"`
+	Paused   bool     `json:"paused"`
+}
+
+// Component is a record of the nodepool-components bucket: a live launcher or
+// builder. It disappears when its heartbeat stops.
+type Component struct {
+	ID        string          `json:"id"`
+	Roles     []string        `json:"roles"`
+	Hostname  string          `json:"hostname"`
+	PID       int             `json:"pid"`
+	Version   string          `json:"version"`
+	Started   time.Time       `json:"started"`
+	Heartbeat time.Time       `json:"heartbeat"`
+	Pools     []ComponentPool `json:"pools"`
+}
+
+// Serves reports whether the component serves a pool.
+func (c *Component) Serves(provider, pool string) bool {
+	for _, p := range c.Pools {
+		if p.Provider == provider && p.Pool == pool {
+			return true
+		}
+	}
+	return false
+}
+
+// LeaseRecord is a record of the nodepool-locks bucket.
+type LeaseRecord struct {
+	Holder   string    `json:"holder"`
+	Acquired time.Time `json:"acquired"`
+	Renewed  time.Time `json:"renewed"`
+}

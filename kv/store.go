@@ -1,0 +1,158 @@
+// Package kv holds the records of the NATS KV buckets (nodes, requests,
+// components, leases), stores that read and change them with
+// revision-checked updates, watch caches, and leases.
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Sentinel errors of the stores.
+var (
+	// ErrNotFound: the key does not exist (or was deleted).
+	ErrNotFound = errors.New("record not found")
+	// ErrConflict: the record changed since it was read (revision mismatch);
+	// re-read and decide again.
+	ErrConflict = errors.New("record changed since it was read")
+	// ErrExists: Create found the key already there.
+	ErrExists = errors.New("record already exists")
+	// ErrBadRecord: the stored value is not a valid record.
+	ErrBadRecord = errors.New("stored value is not a valid record")
+	// ErrSkip, returned by a Modify function, ends Modify without writing.
+	ErrSkip = errors.New("no change")
+)
+
+// Entry is a record with its key and revision.
+type Entry[T any] struct {
+	Key      string
+	Value    T
+	Revision uint64
+}
+
+// Store reads and writes records of one type in one bucket. Every change is
+// revision-checked: Update and Delete take the revision the caller read.
+type Store[T any] struct {
+	kv jetstream.KeyValue
+}
+
+// NewStore wraps a bucket.
+func NewStore[T any](bucket jetstream.KeyValue) *Store[T] { return &Store[T]{kv: bucket} }
+
+// Bucket returns the underlying bucket.
+func (s *Store[T]) Bucket() jetstream.KeyValue { return s.kv }
+
+func mapErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	case errors.Is(err, jetstream.ErrKeyExists):
+		return fmt.Errorf("%w: %w", ErrExists, err)
+	}
+	return err
+}
+
+// Decode parses a stored value.
+func Decode[T any](key string, data []byte) (T, error) {
+	var v T
+	if err := json.Unmarshal(data, &v); err != nil {
+		return v, fmt.Errorf("%w: key %q: %w", ErrBadRecord, key, err)
+	}
+	return v, nil
+}
+
+// Get reads a record.
+func (s *Store[T]) Get(ctx context.Context, key string) (Entry[T], error) {
+	e, err := s.kv.Get(ctx, key)
+	if err != nil {
+		return Entry[T]{}, fmt.Errorf("reading %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+	}
+	v, err := Decode[T](key, e.Value())
+	if err != nil {
+		return Entry[T]{Key: key, Revision: e.Revision()}, err
+	}
+	return Entry[T]{Key: key, Value: v, Revision: e.Revision()}, nil
+}
+
+// Create writes a new record; ErrExists if the key is there.
+func (s *Store[T]) Create(ctx context.Context, key string, v *T) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("encoding %s/%s: %w", s.kv.Bucket(), key, err)
+	}
+	rev, err := s.kv.Create(ctx, key, data)
+	if err != nil {
+		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+	}
+	return rev, nil
+}
+
+// Update writes a record if it is still at revision rev; ErrConflict if not.
+func (s *Store[T]) Update(ctx context.Context, key string, v *T, rev uint64) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("encoding %s/%s: %w", s.kv.Bucket(), key, err)
+	}
+	nrev, err := s.kv.Update(ctx, key, data, rev)
+	if err != nil {
+		return 0, fmt.Errorf("updating %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, mapErr(err))
+	}
+	return nrev, nil
+}
+
+// Delete removes a record if it is still at revision rev.
+func (s *Store[T]) Delete(ctx context.Context, key string, rev uint64) error {
+	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil {
+		return fmt.Errorf("deleting %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, mapErr(err))
+	}
+	return nil
+}
+
+// Modify reads a record, applies fn and writes it back revision-checked,
+// retrying from a fresh read when another writer got there first. fn may
+// return ErrSkip to stop without writing (Modify then returns the current
+// entry and ErrSkip) or any other error to abort.
+func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (Entry[T], error) {
+	for {
+		e, err := s.Get(ctx, key)
+		if err != nil {
+			return e, err
+		}
+		if err := fn(&e.Value); err != nil {
+			return e, err
+		}
+		rev, err := s.Update(ctx, key, &e.Value, e.Revision)
+		if errors.Is(err, ErrConflict) {
+			if ctx.Err() != nil {
+				return e, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return e, err
+		}
+		e.Revision = rev
+		return e, nil
+	}
+}
+
+// Keys lists the keys of the bucket.
+func (s *Store[T]) Keys(ctx context.Context) ([]string, error) {
+	lister, err := s.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", s.kv.Bucket(), err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}

@@ -1,0 +1,225 @@
+// Package service assembles one nodepool process: it starts the embedded
+// NATS server or connects to an external one, creates the streams and
+// buckets, constructs the drivers the configuration names, and runs the
+// roles the settings ask for until its context ends.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/client"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/consumers"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Version is the version reported in component records.
+var Version = "dev"
+
+// Process is a running nodepool process.
+type Process struct {
+	Settings config.Settings
+	Config   *config.Config
+	Log      *slog.Logger
+
+	server    *server.Server
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	buckets   *kv.Buckets
+	providers map[string]drivers.Provider
+	launcher  *consumers.Launcher
+}
+
+// Start brings a process up to the point where its roles can run: NATS
+// (embedded or external), streams, buckets and drivers.
+func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog.Logger) (*Process, error) {
+	p := &Process{Settings: s, Config: cfg, Log: log}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Close()
+		}
+	}()
+	url, opts := client.ConnectOptions(s, "nodepool "+s.ID)
+	if s.Embedded() {
+		ns, err := StartEmbedded(s.NatsListen, filepath.Join(s.DataDir, "jetstream"), log)
+		if err != nil {
+			return nil, err
+		}
+		p.server = ns
+		url = ns.ClientURL()
+		log.Info("embedded NATS server running", "url", url, "store", filepath.Join(s.DataDir, "jetstream"))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
+	}
+	p.nc = nc
+	if p.js, err = jetstream.New(nc); err != nil {
+		return nil, err
+	}
+	if err := events.Ensure(ctx, p.js, s.Replicas, log); err != nil {
+		return nil, err
+	}
+	if p.buckets, err = kv.Ensure(ctx, p.js, kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL}, log); err != nil {
+		return nil, err
+	}
+	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
+		return nil, err
+	}
+	if s.HasRole(config.RoleLauncher) {
+		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
+			ID: s.ID, Config: cfg, Providers: p.providers,
+			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
+			Version: Version, Log: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return p, nil
+}
+
+// NewProviders constructs the driver of every provider of the
+// configuration.
+func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, replicas int, log *slog.Logger) (map[string]drivers.Provider, error) {
+	out := map[string]drivers.Provider{}
+	for i := range cfg.Providers {
+		pc := &cfg.Providers[i]
+		var (
+			p   drivers.Provider
+			err error
+		)
+		switch pc.Driver {
+		case "fake":
+			p, err = fake.New(ctx, js, pc, replicas, log)
+		default:
+			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
+		}
+		if err != nil {
+			for _, q := range out {
+				q.Close()
+			}
+			return nil, err
+		}
+		out[pc.Name] = p
+	}
+	return out, nil
+}
+
+// Conn is the process's NATS connection.
+func (p *Process) Conn() *nats.Conn { return p.nc }
+
+// JetStream is the process's JetStream context.
+func (p *Process) JetStream() jetstream.JetStream { return p.js }
+
+// Buckets are the process's stores.
+func (p *Process) Buckets() *kv.Buckets { return p.buckets }
+
+// Providers are the constructed drivers.
+func (p *Process) Providers() map[string]drivers.Provider { return p.providers }
+
+// Launcher is the launcher role (nil if the process does not run it).
+func (p *Process) Launcher() *consumers.Launcher { return p.launcher }
+
+// Run runs the roles until ctx ends, then shuts them down cleanly.
+func (p *Process) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	if l := p.launcher; l != nil {
+		wg.Go(func() {
+			if err := l.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errs <- fmt.Errorf("launcher: %w", err)
+			}
+		})
+	}
+	if p.Settings.HasRole(config.RoleBuilder) {
+		p.Log.Info("builder role: nothing to build (no diskimages in this configuration)")
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// Close drains the connection and stops the embedded server.
+func (p *Process) Close() {
+	for _, d := range p.providers {
+		d.Close()
+	}
+	if p.nc != nil {
+		_ = p.nc.Drain()
+		deadline := time.Now().Add(5 * time.Second)
+		for !p.nc.IsClosed() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if p.server != nil {
+		p.server.Shutdown()
+		p.server.WaitForShutdown()
+	}
+}
+
+// StartEmbedded starts a nats-server with JetStream on addr (host:port),
+// storing under storeDir.
+func StartEmbedded(addr, storeDir string, log *slog.Logger) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("NODEPOOL_NATS_LISTEN %q: expected host:port: %w", addr, err)
+	}
+	var port int
+	if _, err := fmt.Sscanf(portStr, "%d", &port); err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("NODEPOOL_NATS_LISTEN %q: expected a port from 0 to 65535", addr)
+	}
+	if port != 0 {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("the embedded NATS server cannot listen on %s (another `nodepool run` there? point this one at it with NODEPOOL_NATS_URL=nats://%s, or set NODEPOOL_NATS_LISTEN): %w", addr, addr, err)
+		}
+		_ = ln.Close()
+	} else {
+		port = -1
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "nodepool",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	ns.SetLoggerV2(&serverLog{log: log.With("component", "nats-server")}, false, false, false)
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("the embedded NATS server did not start on %s", addr)
+	}
+	return ns, nil
+}
+
+// serverLog sends nats-server's log to slog (notices at debug level).
+type serverLog struct{ log *slog.Logger }
+
+func (l *serverLog) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *serverLog) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l *serverLog) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *serverLog) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *serverLog) Debugf(format string, v ...any)  {}
+func (l *serverLog) Tracef(format string, v ...any)  {}
