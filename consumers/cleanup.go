@@ -26,8 +26,8 @@ type cleanup struct {
 	l *Launcher
 	// suspects counts sightings of possibly leaked instances, by provider
 	// and external id.
-	suspects map[string]int
-	deleting sync.Map
+	suspects  map[string]int
+	deleting  sync.Map
 	lastPurge time.Time
 	// orphanPools counts sweeps that found pending requests of a pool that
 	// no live launcher serves.

@@ -262,4 +262,3 @@ func (l *Launcher) livePools() map[string]kv.ComponentPool {
 	})
 	return out
 }
-

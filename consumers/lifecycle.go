@@ -32,10 +32,10 @@ var errLost = errors.New("node no longer owned by this launcher")
 type lifecycle struct {
 	l *Launcher
 
-	mu   sync.Mutex
-	runs map[string]context.CancelFunc
-	wg   sync.WaitGroup
-	ctx  context.Context
+	mu       sync.Mutex
+	runs     map[string]context.CancelFunc
+	wg       sync.WaitGroup
+	ctx      context.Context
 	stopRuns context.CancelFunc
 
 	sems map[string]chan struct{}
