@@ -106,6 +106,9 @@ func (p *Provider) decodeYAML(d *decoder, path string, n *yaml.Node) {
 	}
 	defer func() { d.driver = "" }()
 	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(p).Elem()})
+	if p.Driver != "" && !slices.Contains(Drivers, p.Driver) {
+		d.fail(joinPath(path, "driver"), mappingValue(n, "driver"), "unknown driver %q; expected one of: %s", p.Driver, strings.Join(Drivers, ", "))
+	}
 }
 
 func (p *Pool) decodeYAML(d *decoder, path string, n *yaml.Node) {
@@ -239,9 +242,6 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 			d.fail(path+".name", at("name"), "provider %q is defined twice (also providers[%d])", p.Name, prev)
 		}
 		providers[p.Name] = i
-		if !slices.Contains(Drivers, p.Driver) {
-			d.fail(path+".driver", at("driver"), "unknown driver %q; expected one of: %s", p.Driver, strings.Join(Drivers, ", "))
-		}
 		if p.LaunchRetries < 1 {
 			d.fail(path+".launch-retries", at("launch-retries"), "expected 1 or more, got %d", p.LaunchRetries)
 		}

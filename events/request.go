@@ -97,6 +97,8 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("%s: expected %s, got a JSON %s", field, jsonTypeName(te.Type.String()), te.Value)
 	case errors.Is(err, io.EOF):
 		return "the message is empty; expected a JSON object with labels"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "bad JSON: the message ends in the middle of a value"
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
 		return strings.TrimPrefix(err.Error(), "json: ") + "; expected only id, labels, requestor, priority, relative_priority, reuse, tenant, provider, event_id, requestor_data"
 	}

@@ -1,0 +1,163 @@
+package kv_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+func buckets(t *testing.T) *kv.Buckets {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ensure is idempotent.
+	if _, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestStoreRevisionChecks(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	ctx := t.Context()
+	s := b.Nodes
+	rev, err := s.Create(ctx, "n1", &kv.Node{ID: "n1", State: kv.NodeBuilding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "n1", &kv.Node{ID: "n1"}); !errors.Is(err, kv.ErrExists) {
+		t.Errorf("second create: %v, want ErrExists", err)
+	}
+	if _, err := s.Update(ctx, "n1", &kv.Node{ID: "n1", State: kv.NodeReady}, rev+100); !errors.Is(err, kv.ErrConflict) {
+		t.Errorf("update at a wrong revision: %v, want ErrConflict", err)
+	}
+	if _, err := s.Get(ctx, "nope"); !errors.Is(err, kv.ErrNotFound) {
+		t.Errorf("get missing: %v, want ErrNotFound", err)
+	}
+	// Concurrent Modify calls all land: each retries on conflict.
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if _, err := s.Modify(ctx, "n1", func(n *kv.Node) error { n.Attempt++; return nil }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	e, err := s.Get(ctx, "n1")
+	if err != nil || e.Value.Attempt != 20 {
+		t.Fatalf("attempt = %d, %v; want 20", e.Value.Attempt, err)
+	}
+	if err := s.Delete(ctx, "n1", e.Revision-1); !errors.Is(err, kv.ErrConflict) {
+		t.Errorf("delete at an old revision: %v", err)
+	}
+	if err := s.Delete(ctx, "n1", e.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "n1", &kv.Node{ID: "n1"}); err != nil {
+		t.Errorf("create after delete: %v", err)
+	}
+}
+
+func TestCacheFollowsTheBucket(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	ctx := t.Context()
+	if _, err := b.Requests.Create(ctx, "before", &kv.Request{ID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	c := kv.NewCache(b.Requests, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = c.Run(cctx) }()
+	if err := c.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Has("before") {
+		t.Fatal("cache lacks a record that existed before it started")
+	}
+	sub := c.Subscribe()
+	e, err := c.Create(ctx, "after", &kv.Request{ID: "after", State: kv.RequestRequested})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Applied at once, before the watch delivers it.
+	if got, _ := c.Get("after"); got.Revision != e.Revision {
+		t.Fatalf("cache revision %d, want %d", got.Revision, e.Revision)
+	}
+	// An older revision never replaces a newer one.
+	c.Apply(kv.Entry[kv.Request]{Key: "after", Revision: e.Revision - 1, Value: kv.Request{ID: "stale"}})
+	if got, _ := c.Get("after"); got.Value.ID != "after" {
+		t.Fatal("a stale revision replaced the cached one")
+	}
+	if err := b.Requests.Delete(ctx, "after", e.Revision); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+	for c.Has("after") {
+		select {
+		case <-sub.C():
+			sub.Drain()
+		case <-deadline:
+			t.Fatal("delete never reached the cache")
+		}
+	}
+}
+
+func TestLeaseHasOneHolder(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var holders, maxHolders atomic.Int32
+	var runs atomic.Int32
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	leased := make(chan struct{}, 10)
+	for _, id := range []string{"a", "b", "c"} {
+		l := kv.NewLease(b.Locks, "test", id, time.Second, log)
+		wg.Go(func() {
+			l.Elect(ctx, func(lctx context.Context) {
+				n := holders.Add(1)
+				for {
+					m := maxHolders.Load()
+					if n <= m || maxHolders.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				runs.Add(1)
+				leased <- struct{}{}
+				// Hold briefly, then give the lease up to let another in.
+				select {
+				case <-lctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+				holders.Add(-1)
+			})
+		})
+	}
+	for range 6 {
+		select {
+		case <-leased:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the lease was not passed on")
+		}
+	}
+	cancel()
+	wg.Wait()
+	if maxHolders.Load() != 1 {
+		t.Errorf("%d holders at once", maxHolders.Load())
+	}
+}
