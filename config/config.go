@@ -210,7 +210,7 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // labelRE is what label names may hold: they travel in request messages and
 // subjects.
-var labelRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+var labelRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // validate checks what the types alone cannot: names, references between
 // sections, ranges. root is used to point at lines.
@@ -219,8 +219,8 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 	labels := map[string]int{}
 	for i, l := range c.Labels {
 		path := indexPath("labels", i)
-		if !labelRE.MatchString(l.Name) {
-			d.fail(path+".name", line("labels", i, "name"), "label name %q is not valid; expected 1 to 128 of A-Z a-z 0-9 _ . : -", l.Name)
+		if !labelRE.MatchString(l.Name) || len(l.Name) > 128 {
+			d.fail(path+".name", line("labels", i, "name"), "label name %q is not valid; expected 1 to 128 of A-Z a-z 0-9 _ - and inner dots", l.Name)
 		}
 		if prev, dup := labels[l.Name]; dup {
 			d.fail(path+".name", line("labels", i, "name"), "label %q is defined twice (also labels[%d])", l.Name, prev)

@@ -48,7 +48,7 @@ func (m *RequestMessage) ReuseOrDefault() bool { return m.Reuse == nil || *m.Reu
 
 var (
 	idRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-	labelRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	labelRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 )
 
 // ValidID reports whether a client-chosen request id is acceptable: 1 to 64
@@ -132,7 +132,7 @@ func (m *RequestMessage) Validate() error {
 		problems = append(problems, fmt.Sprintf("labels: %d labels; at most %d nodes per request", len(m.Labels), MaxLabels))
 	}
 	for i, l := range m.Labels {
-		if !labelRE.MatchString(l) {
+		if !labelRE.MatchString(l) || len(l) > 128 {
 			problems = append(problems, fmt.Sprintf("labels[%d]: %q is not a valid label name", i, l))
 		}
 	}

@@ -236,7 +236,7 @@ func (p *Provider) Inject(ctx context.Context, name string, tags map[string]stri
 	now := time.Now().UTC()
 	rec := InstanceRecord{ID: instanceID(name + now.String()), Name: name, Tags: tags, Cores: cores, RAM: ram,
 		IPv4: "192.0.2.1", Created: now, ReadyAt: now}
-	if _, err := p.store.Create(ctx, rec.ID, &rec); err != nil {
+	if _, err := p.cache.Create(ctx, rec.ID, &rec); err != nil {
 		return "", err
 	}
 	return rec.ID, nil
@@ -324,10 +324,9 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			Flavor: pl.FlavorName, Image: pl.CloudImage, Cores: size.Cores, RAM: size.RAM,
 			IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
 		}
-		if _, err := p.store.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
+		if _, err := p.cache.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
 			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
 		}
-		p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec})
 		m.st = machineState{Step: "boot", Instance: id}
 		return drivers.Step{Wait: p.cfg.BootDelay.D()}, nil
 	case "boot":

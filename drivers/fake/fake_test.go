@@ -1,0 +1,164 @@
+package fake_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+)
+
+func provider(t *testing.T, yaml string) *fake.Provider {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	p, err := fake.New(t.Context(), js, &cfg.Providers[0], 1, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+const cloud = `
+labels: [{name: small}, {name: big}]
+providers:
+  - name: p
+    driver: fake
+    boot-delay: %s
+    delete-delay: 0
+    quota: {instances: 2, cores: 10}
+    flavors:
+      - {name: s, cores: 2, ram: 1024}
+      - {name: l, cores: 8, ram: 8192}
+    pools:
+      - name: main
+        labels:
+          - {name: small, flavor-name: s}
+          - {name: big, flavor-name: l}
+`
+
+// run advances a machine to completion, waiting as it asks.
+func run(t *testing.T, sm drivers.StateMachine) (*drivers.Instance, error) {
+	t.Helper()
+	for range 100 {
+		step, err := sm.Advance(t.Context())
+		if err != nil {
+			return nil, err
+		}
+		if step.Done {
+			return step.Instance, nil
+		}
+		if step.Wait > 0 {
+			time.Sleep(step.Wait) // the machine's own hint: the simulated boot time
+		}
+	}
+	t.Fatal("machine did not finish")
+	return nil, nil
+}
+
+func req(node string, attempt int, label string) drivers.CreateRequest {
+	return drivers.CreateRequest{NodeID: node, Hostname: "np" + node, Provider: "p", Pool: "main", Label: label, Attempt: attempt,
+		Tags: map[string]string{drivers.TagProvider: "p", drivers.TagNode: node}}
+}
+
+func TestCreateResumeAndQuota(t *testing.T) {
+	t.Parallel()
+	p := provider(t, fmt.Sprintf(cloud, "0.05"))
+	sm, _ := p.Create(req("n1", 1, "small"), nil)
+	if _, err := sm.Advance(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Another process resumes the machine from its stored state.
+	resumed, err := p.Create(req("n1", 1, "small"), sm.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := run(t, resumed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.ExternalID != sm.ExternalID() || inst.Resources.Cores != 2 || inst.NodeID() != "n1" {
+		t.Errorf("instance = %+v", inst)
+	}
+	// The same attempt started afresh finds its instance (idempotency
+	// token) instead of creating a second one.
+	again, _ := p.Create(req("n1", 1, "small"), nil)
+	if inst2, err := run(t, again); err != nil || inst2.ExternalID != inst.ExternalID {
+		t.Fatalf("repeated attempt: %v, %v", inst2, err)
+	}
+	// 2 + 8 cores fit the 10-core quota; a third instance does not fit the
+	// instance quota.
+	if _, err := run(t, must(p.Create(req("n2", 1, "big"), nil))); err != nil {
+		t.Fatal(err)
+	}
+	_, err = run(t, must(p.Create(req("n3", 1, "small"), nil)))
+	if !errors.Is(err, drivers.ErrQuotaExceeded) {
+		t.Fatalf("third instance: %v, want ErrQuotaExceeded", err)
+	}
+	insts, err := p.ListInstances(t.Context())
+	if err != nil || len(insts) != 2 {
+		t.Fatalf("list = %d instances, %v", len(insts), err)
+	}
+	// Delete frees quota.
+	if _, err := run(t, must(p.Delete(inst.ExternalID, nil))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, must(p.Create(req("n3", 1, "small"), nil))); err != nil {
+		t.Fatalf("after a delete: %v", err)
+	}
+	// Deleting what is gone is done at once.
+	if _, err := run(t, must(p.Delete("i-missing", nil))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestForeignInstancesCountAgainstQuota(t *testing.T) {
+	t.Parallel()
+	p := provider(t, fmt.Sprintf(cloud, "0"))
+	for _, name := range []string{"theirs-1", "theirs-2"} {
+		if _, err := p.Inject(t.Context(), name, nil, 1, 512); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if insts, _ := p.ListInstances(t.Context()); len(insts) != 2 {
+		t.Fatalf("%d instances listed, want the 2 injected", len(insts))
+	}
+	_, err := run(t, must(p.Create(req("n1", 1, "small"), nil)))
+	if !errors.Is(err, drivers.ErrQuotaExceeded) {
+		t.Fatalf("create with the quota used by others: %v", err)
+	}
+}
+
+func TestFailureRateOne(t *testing.T) {
+	t.Parallel()
+	p := provider(t, `
+labels: [{name: small}]
+providers:
+  - name: p
+    driver: fake
+    failure-rate: 1
+    pools: [{name: main, labels: [small]}]
+`)
+	_, err := run(t, must(p.Create(req("n1", 1, "small"), nil)))
+	if err == nil {
+		t.Fatal("a boot with failure-rate 1 succeeded")
+	}
+}
+
+func must(sm drivers.StateMachine, err error) drivers.StateMachine {
+	if err != nil {
+		panic(err)
+	}
+	return sm
+}
