@@ -82,13 +82,13 @@ type System struct {
 	Log    *slog.Logger
 
 	// launchers this bench started (empty when driving a running system).
-	procs   []*Launcher
+	procs []*Launcher
 	// embedder is the launcher that runs the embedded server, if any.
 	embedder string
 	binary   string
-	cfgPath string
-	workDir string
-	env     []string
+	cfgPath  string
+	workDir  string
+	env      []string
 }
 
 // Launcher is a launcher process started by the bench.
