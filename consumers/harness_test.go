@@ -31,7 +31,7 @@ const leaseTTL = 2 * time.Second
 // watch caches of the records and of each fake cloud, so tests wait on
 // records instead of sleeping.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *natstest.Server
 	js     jetstream.JetStream
 	b      *kv.Buckets
@@ -51,7 +51,7 @@ func testLog(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func parseConfig(t *testing.T, yaml string) *config.Config {
+func parseConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(yaml))
 	if err != nil {
@@ -60,14 +60,14 @@ func parseConfig(t *testing.T, yaml string) *config.Config {
 	return cfg
 }
 
-func newHarness(t *testing.T, yaml string) *harness {
+func newHarness(t testing.TB, yaml string) *harness {
 	t.Helper()
 	cfg := parseConfig(t, yaml)
 	srv := natstest.Start(t)
 	return newHarnessOn(t, srv, cfg)
 }
 
-func newHarnessOn(t *testing.T, srv *natstest.Server, cfg *config.Config) *harness {
+func newHarnessOn(t testing.TB, srv *natstest.Server, cfg *config.Config) *harness {
 	t.Helper()
 	nc, js := srv.Connect(t)
 	ctx := t.Context()
@@ -104,7 +104,7 @@ func newHarnessOn(t *testing.T, srv *natstest.Server, cfg *config.Config) *harne
 	return h
 }
 
-func runCache[T any](t *testing.T, c *kv.Cache[T]) {
+func runCache[T any](t testing.TB, c *kv.Cache[T]) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

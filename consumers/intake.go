@@ -83,7 +83,7 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)
 	}
-	return startWorkers(ctx, cons, 8, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
+	return startWorkers(ctx, cons, 32, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
 }
 
 // handleRequestMessage records one request message. Whatever the message

@@ -75,7 +75,7 @@ func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)
 	}
-	return startWorkers(ctx, cons, 16, func(m jetstream.Msg) string { return m.Subject() }, lc.handle)
+	return startWorkers(ctx, cons, 64, func(m jetstream.Msg) string { return m.Subject() }, lc.handle)
 }
 
 // stop cancels the machines in flight and waits for them: each stops after

@@ -92,7 +92,7 @@ func (s *scheduler) run(ctx context.Context) {
 	s.openReqs, s.poolNodes = map[string]bool{}, map[string]bool{}
 	s.used = newUsage(s.prov.Name, s.pool.Name)
 	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]inflight{}
-	s.jobSem = make(chan struct{}, 64)
+	s.jobSem = make(chan struct{}, 256)
 	s.done, s.doneC = nil, make(chan struct{}, 1)
 	s.paused = false
 	defer s.l.setPaused(s.ref, false)

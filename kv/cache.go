@@ -361,6 +361,15 @@ func (c *Cache[T]) Create(ctx context.Context, key string, v *T) (Entry[T], erro
 	return e, nil
 }
 
+// Delete removes a record at a revision, and from the cache at once.
+func (c *Cache[T]) Delete(ctx context.Context, key string, rev uint64) error {
+	if err := c.store.Delete(ctx, key, rev); err != nil {
+		return err
+	}
+	c.remove(key, rev)
+	return nil
+}
+
 // Update writes a record at a revision and applies it to the cache.
 func (c *Cache[T]) Update(ctx context.Context, key string, v *T, rev uint64) (Entry[T], error) {
 	nrev, err := c.store.Update(ctx, key, v, rev)

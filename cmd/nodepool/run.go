@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,6 +111,10 @@ func statusHandler(p *service.Process) http.Handler {
 			func() float64 { return float64(l.Nodes().Len()) }))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Profiles and goroutine dumps (Nodepool's SIGUSR2 stack dump).
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
 		st := map[string]any{"id": p.Settings.ID, "roles": p.Settings.Roles, "nats_connected": p.Conn().IsConnected()}
 		if l := p.Launcher(); l != nil {

@@ -368,7 +368,7 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	case "":
 		token := fmt.Sprintf("%s/%d", m.req.NodeID, m.req.Attempt)
 		id := instanceID(token)
-		if _, err := p.store.Get(ctx, id); err == nil {
+		if p.cache.Has(id) {
 			// Created by an earlier try of this same attempt.
 			m.st = machineState{Step: "boot", Instance: id}
 			return drivers.Step{}, nil
@@ -396,13 +396,22 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			Flavor: pl.FlavorName, Image: pl.CloudImage, Cores: size.Cores, RAM: size.RAM,
 			IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
 		}
+		// The token makes the create idempotent: an instance an earlier try
+		// of this attempt made (which the cache had not seen yet) is found
+		// here, not created twice.
 		if _, err := p.cache.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
 			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
 		}
 		m.st = machineState{Step: "boot", Instance: id}
 		return drivers.Step{Wait: p.cfg.BootDelay.D()}, nil
 	case "boot":
-		e, err := p.store.Get(ctx, m.st.Instance)
+		// An instance's record changes only when it is deleted; the cache
+		// answers, and the cloud is asked when the cache has not seen it.
+		e, ok := p.cache.Get(m.st.Instance)
+		var err error
+		if !ok {
+			e, err = p.store.Get(ctx, m.st.Instance)
+		}
 		if errors.Is(err, kv.ErrNotFound) {
 			return drivers.Step{}, fmt.Errorf("%w: instance %s vanished while booting", drivers.ErrNotFound, m.st.Instance)
 		}
@@ -452,7 +461,7 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		at := now.Add(p.cfg.DeleteDelay.D())
 		e.Value.DeleteAt = &at
 		if p.cfg.DeleteDelay.D() > 0 {
-			if _, err := p.store.Update(ctx, m.st.Instance, &e.Value, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) {
+			if _, err := p.cache.Update(ctx, m.st.Instance, &e.Value, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) {
 				return drivers.Step{}, err
 			}
 			m.st.Step = "deleting"
@@ -462,7 +471,7 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	if now.Before(*e.Value.DeleteAt) {
 		return drivers.Step{Wait: e.Value.DeleteAt.Sub(now)}, nil
 	}
-	if err := p.store.Delete(ctx, m.st.Instance, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) {
+	if err := p.cache.Delete(ctx, m.st.Instance, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) {
 		return drivers.Step{}, err
 	}
 	return drivers.Step{Done: true}, nil
