@@ -33,6 +33,13 @@ type Config struct {
 	Labels    []Label    `yaml:"labels"`
 	Providers []Provider `yaml:"providers"`
 
+	// The image builder's keys (see diskimages.go).
+	Diskimages        []Diskimage `yaml:"diskimages"`
+	ElementsDir       string      `yaml:"elements-dir"`
+	ImagesDir         string      `yaml:"images-dir"`
+	BuildLogDir       string      `yaml:"build-log-dir"`
+	BuildLogRetention *int        `yaml:"build-log-retention"`
+
 	// File is the path the configuration was read from.
 	File string `yaml:"-"`
 }
@@ -62,6 +69,14 @@ type Provider struct {
 	FailureRate float64      `yaml:"failure-rate" drivers:"fake"`
 	Quota       *CloudQuota  `yaml:"quota" drivers:"fake"`
 	Flavors     []FakeFlavor `yaml:"flavors" drivers:"fake"`
+
+	// Images uploaded to this provider (drivers with images only).
+	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake"`
+	// The fake cloud's image service: the format it takes, how long an
+	// upload takes, the share of uploads that fail.
+	ImageFormat       string   `yaml:"image-format" drivers:"fake"`
+	UploadDelay       Duration `yaml:"upload-delay" drivers:"fake"`
+	UploadFailureRate float64  `yaml:"upload-failure-rate" drivers:"fake"`
 }
 
 // CloudQuota is a simulated cloud's limits; zero means unlimited.
@@ -95,6 +110,8 @@ type PoolLabel struct {
 	Name       string `yaml:"name" required:"true"`
 	FlavorName string `yaml:"flavor-name" drivers:"fake"`
 	CloudImage string `yaml:"cloud-image" drivers:"fake"`
+	// Diskimage names an image of the provider's diskimages to boot from.
+	Diskimage string `yaml:"diskimage" drivers:"fake"`
 }
 
 // Unlimited is what MaxServers holds when a pool sets no limit.
@@ -168,8 +185,13 @@ func Parse(file string, data []byte) (*Config, error) {
 	}
 	d.decodeStruct("", root, []reflect.Value{reflect.ValueOf(cfg).Elem()})
 	if len(d.errs) == 0 {
+		cfg.resolveDiskimages(d, root)
+	}
+	if len(d.errs) == 0 {
 		cfg.applyDefaults()
+		cfg.applyImageDefaults()
 		cfg.validate(d, root)
+		cfg.validateImages(d, root)
 	}
 	if len(d.errs) > 0 {
 		return nil, d.errs
