@@ -455,3 +455,6 @@ func pids(t *testing.T, path string) []int {
 	}
 	return out
 }
+
+// jetstreamSubjects asks stream info for the subjects matching a filter.
+func jetstreamSubjects(filter string) jetstream.StreamInfoOpt { return jetstream.WithSubjectFilter(filter) }
