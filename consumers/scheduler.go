@@ -75,6 +75,8 @@ func (s *scheduler) run(ctx context.Context) {
 	defer s.l.nodes.Unsubscribe(nodeSub)
 	compSub := s.l.components.Subscribe()
 	defer s.l.components.Unsubscribe(compSub)
+	imgWatch := s.l.images.watch()
+	defer imgWatch.stop()
 	defer s.jobs.Wait()
 
 	tick := time.NewTicker(s.l.opts.SyncInterval)
@@ -87,6 +89,7 @@ func (s *scheduler) run(ctx context.Context) {
 			s.indexNode(ch)
 		}
 		compSub.Drain()
+		imgWatch.drain()
 		s.collectDone()
 		s.pass(ctx)
 		select {
@@ -95,6 +98,7 @@ func (s *scheduler) run(ctx context.Context) {
 		case <-reqSub.C():
 		case <-nodeSub.C():
 		case <-compSub.C():
+		case <-imgWatch.C():
 		case <-s.doneC:
 		case <-tick.C:
 		}
@@ -258,6 +262,9 @@ func (s *scheduler) pass(ctx context.Context) {
 		if !s.canServe(r) {
 			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID) })
 			continue
+		}
+		if !s.imagesReady(r) {
+			continue // waits for an upload of its diskimage; not a decline
 		}
 		if s.deferred(r, live) {
 			continue

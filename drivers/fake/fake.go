@@ -313,6 +313,9 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			return drivers.Step{}, err
 		}
 		image := pl.CloudImage
+		if pl.Diskimage != "" && m.req.ImageID == "" {
+			return drivers.Step{}, fmt.Errorf("label %s boots from diskimage %s, but no uploaded image was given", m.req.Label, pl.Diskimage)
+		}
 		if m.req.ImageID != "" {
 			if err := p.bootImage(ctx, m.req.ImageID); err != nil {
 				return drivers.Step{}, err
