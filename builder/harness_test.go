@@ -457,4 +457,6 @@ func pids(t *testing.T, path string) []int {
 }
 
 // jetstreamSubjects asks stream info for the subjects matching a filter.
-func jetstreamSubjects(filter string) jetstream.StreamInfoOpt { return jetstream.WithSubjectFilter(filter) }
+func jetstreamSubjects(filter string) jetstream.StreamInfoOpt {
+	return jetstream.WithSubjectFilter(filter)
+}

@@ -435,4 +435,6 @@ func listAliens(ctx context.Context, provider string, ip drivers.ImageProvider, 
 	return builder.AlienImages(ctx, provider, ip, uploads)
 }
 
-func jetstreamFilter(subject string) jetstream.StreamInfoOpt { return jetstream.WithSubjectFilter(subject) }
+func jetstreamFilter(subject string) jetstream.StreamInfoOpt {
+	return jetstream.WithSubjectFilter(subject)
+}
