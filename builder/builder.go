@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/config"
@@ -301,8 +302,9 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 		timedOut := fctx.Err() != nil
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil || timedOut || errors.Is(err, jetstream.ErrNoMessages) {
-				continue
+			if ctx.Err() != nil || timedOut || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) ||
+				errors.Is(err, context.DeadlineExceeded) {
+				continue // nothing to do for a while
 			}
 			b.log.Warn("could not fetch a trigger; retrying", "group", what, "err", err)
 			sleep(ctx, time.Second)

@@ -55,6 +55,13 @@ func (b *Builder) runDib(ctx context.Context, di *config.Diskimage, build *kv.Im
 	}
 	output := filepath.Join(dir, build.Image+"-"+build.ID)
 	args := dibArgs(di, formats, output)
+	if strings.Contains(args[0], "/") && !filepath.IsAbs(args[0]) {
+		// A relative dib-cmd is relative to where nodepool runs, not to
+		// the build's folder, where the command runs.
+		if abs, err := filepath.Abs(args[0]); err == nil {
+			args[0] = abs
+		}
+	}
 	env := b.cfg.Env(di)
 
 	b.pruneLogs(build.Image)
