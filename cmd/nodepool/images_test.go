@@ -397,4 +397,3 @@ providers:
 		t.Errorf("nodepool run exited with %v", err)
 	}
 }
-
