@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -62,11 +63,17 @@ func (b *Builder) storeFiles(ctx context.Context, build *kv.ImageBuild, paths ma
 		}
 		h := sha256.New()
 		name := ObjectName(build.Image, build.ID, format)
+		data, err := b.paced(ctx, io.TeeReader(f, h))
+		if err != nil {
+			_ = f.Close()
+			return nil, 0, err
+		}
 		info, err := b.files.Put(ctx, jetstream.ObjectMeta{
 			Name:        name,
 			Description: fmt.Sprintf("%s build %s, %s", build.Image, build.ID, format),
 			Metadata:    map[string]string{"image": build.Image, "build": build.ID, "format": format},
-		}, io.TeeReader(f, h))
+			Opts:        &jetstream.ObjectMetaOptions{ChunkSize: chunkSize},
+		}, data)
 		_ = f.Close()
 		if err != nil {
 			b.deleteFiles(context.WithoutCancel(ctx), build.Image, build.ID)
@@ -76,6 +83,85 @@ func (b *Builder) storeFiles(ctx context.Context, build *kv.ImageBuild, paths ma
 		total += int64(info.Size)
 	}
 	return out, total, nil
+}
+
+// Storing a file: the object store's Put publishes chunks without waiting
+// for each to be stored (up to 4000 in flight, 500 MiB of 128 KiB chunks),
+// which overruns the server's ingest queue of a stream (128 MiB by default)
+// as soon as the disk is slower than the network: the server then drops
+// chunks and Put fails with "too many requests". So the file is read only
+// as fast as the stream stores it, at most pacingWindow ahead.
+const (
+	chunkSize     = 128 * 1024
+	pacingWindow  = 32 << 20
+	pacingEvery   = 8 << 20
+	pacingBackoff = 10 * time.Millisecond
+)
+
+// pacedReader hands out a file no faster than the object store's stream
+// stores it: every pacingEvery bytes it waits until the stream's last
+// sequence shows no more than pacingWindow bytes of chunks outstanding.
+type pacedReader struct {
+	ctx      context.Context
+	r        io.Reader
+	stream   jetstream.Stream
+	startSeq uint64
+	read     int64
+	checked  int64
+}
+
+func (b *Builder) paced(ctx context.Context, r io.Reader) (io.Reader, error) {
+	stream, err := b.js.Stream(ctx, "OBJ_"+FilesBucket)
+	if err != nil {
+		return nil, fmt.Errorf("opening the stream of %s: %w", FilesBucket, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the stream of %s: %w", FilesBucket, err)
+	}
+	return &pacedReader{ctx: ctx, r: r, stream: stream, startSeq: info.State.LastSeq}, nil
+}
+
+func (p *pacedReader) Read(buf []byte) (int, error) {
+	if p.read-p.checked >= pacingEvery {
+		if err := p.wait(); err != nil {
+			return 0, err
+		}
+		p.checked = p.read
+	}
+	n, err := p.r.Read(buf)
+	p.read += int64(n)
+	return n, err
+}
+
+// ahead is how many bytes the reader gave out beyond what the stream
+// stored. Other files stored at the same time count as ours: the pace is
+// then looser, never stuck.
+func (p *pacedReader) ahead() (int64, error) {
+	info, err := p.stream.Info(p.ctx)
+	if err != nil {
+		return 0, fmt.Errorf("pacing the storing of an image file: %w", err)
+	}
+	return p.read - int64(info.State.LastSeq-p.startSeq)*chunkSize, nil
+}
+
+func (p *pacedReader) wait() error {
+	for {
+		ahead, err := p.ahead()
+		if err != nil {
+			return err
+		}
+		if ahead <= pacingWindow {
+			return nil
+		}
+		t := time.NewTimer(pacingBackoff)
+		select {
+		case <-p.ctx.Done():
+			t.Stop()
+			return p.ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // deleteFiles removes every object of a build (those its record names and
@@ -100,11 +186,27 @@ func (b *Builder) deleteFiles(ctx context.Context, image, build string) error {
 	return nil
 }
 
-// openFile opens a build's file of one format for reading.
+// openFile opens a build's file of one format for reading. The object
+// store bounds a whole read by its context's deadline (5 s without one),
+// so the read gets one that fits the file: an hour, or a second per MiB.
 func (b *Builder) openFile(ctx context.Context, file kv.ImageFile) (io.ReadCloser, error) {
-	r, err := b.files.Get(ctx, file.Object)
+	gctx, cancel := context.WithTimeout(ctx, max(time.Hour, time.Duration(file.Size>>20)*time.Second))
+	r, err := b.files.Get(gctx, file.Object)
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("reading %s from %s: %w", file.Object, FilesBucket, err)
 	}
-	return r, nil
+	return &closeCancel{ReadCloser: r, cancel: cancel}, nil
+}
+
+// closeCancel ends a read's context when the reader is closed.
+type closeCancel struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *closeCancel) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
 }

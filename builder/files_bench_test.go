@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -18,9 +19,14 @@ import (
 // object store: a build storing it (from disk, hashing it on the way) and
 // an upload worker reading it back, on an embedded server with file
 // storage. The figure (MB/s) bounds how long a multi-GB image spends in
-// the store: run with -benchtime=3x for a 256 MiB file.
+// the store. NODEPOOL_BENCH_IMAGE_MB sets the file's size (default 256):
+//
+//	NODEPOOL_BENCH_IMAGE_MB=2048 go test -run '^$' -bench ImageFiles -benchtime=2x ./builder
 func BenchmarkImageFiles(b *testing.B) {
-	const size = 256 << 20
+	size := int64(256 << 20)
+	if mb, err := strconv.Atoi(os.Getenv("NODEPOOL_BENCH_IMAGE_MB")); err == nil && mb > 0 {
+		size = int64(mb) << 20
+	}
 	srv := natstest.Start(b)
 	_, js := srv.Connect(b)
 	obs, err := EnsureFiles(b.Context(), js, 1, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -36,7 +42,7 @@ func BenchmarkImageFiles(b *testing.B) {
 		b.Fatal(err)
 	}
 	_ = f.Close()
-	bl := &Builder{files: obs, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	bl := &Builder{js: js, files: obs, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	b.SetBytes(size)
 	b.ResetTimer()
 	for i := range b.N {

@@ -173,3 +173,26 @@ func TestDiskimageErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestBuilderSettings(t *testing.T) {
+	s, err := LoadSettings()
+	if err != nil || s.Validate() != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if s.BuildWorkers != 1 || s.UploadWorkers != 4 {
+		t.Errorf("default workers: %d build, %d upload", s.BuildWorkers, s.UploadWorkers)
+	}
+	t.Setenv("NODEPOOL_BUILD_WORKERS", "0")
+	t.Setenv("NODEPOOL_UPLOAD_WORKERS", "-1")
+	s, err = LoadSettings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "NODEPOOL_BUILD_WORKERS and NODEPOOL_UPLOAD_WORKERS: expected 0 or more, got 0 and -1") {
+		t.Errorf("negative upload workers: %v", err)
+	}
+	t.Setenv("NODEPOOL_UPLOAD_WORKERS", "many")
+	if _, err := LoadSettings(); err == nil || !strings.Contains(err.Error(), "UPLOAD_WORKERS") {
+		t.Errorf("non-numeric upload workers: %v", err)
+	}
+}
