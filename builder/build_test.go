@@ -402,11 +402,15 @@ providers: []
 	})
 	h.startBuilder("b2", nil, nil)
 	b1.Stop()
-	h.until(15*time.Second, "b2's build ready", func() bool { return len(h.buildsIn("debian", kv.ImageReady)) == 1 })
-	builds := h.buildsIn("debian", "")
-	if len(builds) != 2 || builds[0].State != kv.ImageFailed || !builds[0].Interrupted || builds[0].Builder != "b1" ||
-		builds[1].Builder != "b2" {
-		t.Errorf("builds:\n%s", h.dump())
+	h.eventually(15*time.Second, "b1's build failed and b2's ready", func() bool {
+		_, failed := h.seen("debian", kv.ImageSeqID(1), kv.ImageFailed)
+		_, ready := h.seen("debian", kv.ImageSeqID(2), kv.ImageReady)
+		return failed && ready
+	})
+	first, _ := h.seen("debian", kv.ImageSeqID(1), kv.ImageFailed)
+	second, _ := h.seen("debian", kv.ImageSeqID(2), kv.ImageReady)
+	if !first.Interrupted || first.Builder != "b1" || second.Builder != "b2" || len(h.buildsIn("debian", kv.ImageReady)) != 1 {
+		t.Errorf("first build %+v, second by %q\n%s", first, second.Builder, h.dump())
 	}
 	for _, pid := range pids(t, filepath.Join(h.dir, "pids")) {
 		if alive(pid) {

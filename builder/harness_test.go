@@ -48,6 +48,9 @@ type harness struct {
 	builds  *kv.Cache[kv.ImageBuild]
 	uploads *kv.Cache[kv.ImageUpload]
 	clouds  map[string]*kv.Cache[fake.ImageRecord]
+
+	mu      sync.Mutex
+	history map[string][]kv.ImageBuild // every version of each build seen
 }
 
 func testLog(t testing.TB) *slog.Logger {
@@ -97,6 +100,32 @@ func newHarness(t *testing.T, yaml string) *harness {
 	h.builds, h.uploads = kv.NewCache(h.img.Builds, testLog(t)), kv.NewCache(h.img.Uploads, testLog(t))
 	runCache(t, h.builds)
 	runCache(t, h.uploads)
+	h.history = map[string][]kv.ImageBuild{}
+	sub := h.builds.Subscribe()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-sub.C():
+				h.mu.Lock()
+				for _, ch := range sub.Drain() {
+					if ch.New != nil {
+						h.history[ch.Key] = append(h.history[ch.Key], ch.New.Value)
+					}
+				}
+				h.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		h.builds.Unsubscribe(sub)
+	})
 	for _, p := range h.cfg.Providers {
 		if h.clouds[p.Cloud] != nil {
 			continue
@@ -295,6 +324,19 @@ func (h *harness) dump() string {
 		})
 	}
 	return b.String()
+}
+
+// seen returns the first version of a build seen in a state (builds may be
+// deleted by retention soon after).
+func (h *harness) seen(image, id string, state kv.ImageState) (kv.ImageBuild, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, b := range h.history[kv.BuildKey(image, id)] {
+		if b.State == state {
+			return b, true
+		}
+	}
+	return kv.ImageBuild{}, false
 }
 
 // trigger publishes a manual build trigger, as `nodepool image-build` does.
