@@ -39,10 +39,19 @@ type lifecycle struct {
 	stopRuns context.CancelFunc
 
 	sems map[string]chan struct{}
+
+	// wanted lists, per provider, launches this process passed over for
+	// want of a slot, oldest first; a freed slot takes the next one at
+	// once instead of waiting for the message to come back.
+	wantedMu sync.Mutex
+	wanted   map[string][]string
 }
 
+// maxWanted bounds the list of launches passed over.
+const maxWanted = 10000
+
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]context.CancelFunc{}, sems: map[string]chan struct{}{}}
+	lc := &lifecycle{l: l, runs: map[string]context.CancelFunc{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
 	for _, p := range l.opts.Config.Providers {
 		if p.MaxConcurrency > 0 {
 			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
@@ -97,7 +106,10 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 	case errFull, errNotMine:
 		// This process launches as much as max-concurrency allows, or
 		// does not have the node's provider: let another process take it
-		// (or this one, when a slot frees).
+		// (or this one, as soon as a slot frees).
+		if n.State == kv.NodeBuilding {
+			lc.want(n.Provider, key)
+		}
 		delay := time.Duration(min(meta.NumDelivered, 10)) * 100 * time.Millisecond
 		if err := msg.NakWithDelay(delay); err != nil {
 			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
@@ -263,6 +275,41 @@ func (lc *lifecycle) acquire(ctx context.Context, provider string) bool {
 func (lc *lifecycle) release(provider string) {
 	if sem := lc.sems[provider]; sem != nil {
 		<-sem
+		go lc.takeWanted(provider)
+	}
+}
+
+func (lc *lifecycle) want(provider, id string) {
+	lc.wantedMu.Lock()
+	defer lc.wantedMu.Unlock()
+	if len(lc.wanted[provider]) < maxWanted {
+		lc.wanted[provider] = append(lc.wanted[provider], id)
+	}
+}
+
+// takeWanted claims the oldest passed-over launch that still needs a
+// launcher, now that a slot is free.
+func (lc *lifecycle) takeWanted(provider string) {
+	for lc.ctx.Err() == nil {
+		lc.wantedMu.Lock()
+		q := lc.wanted[provider]
+		if len(q) == 0 {
+			lc.wantedMu.Unlock()
+			return
+		}
+		id := q[0]
+		lc.wanted[provider] = q[1:]
+		lc.wantedMu.Unlock()
+		e, ok := lc.l.nodes.Get(id)
+		if !ok || e.Value.State != kv.NodeBuilding || (e.Value.Launcher != "" && lc.l.alive(e.Value.Launcher)) {
+			continue // gone, or launched by another process meanwhile
+		}
+		if lc.reconcile(lc.ctx, e) == errFull {
+			lc.wantedMu.Lock()
+			lc.wanted[provider] = append([]string{id}, lc.wanted[provider]...)
+			lc.wantedMu.Unlock()
+		}
+		return
 	}
 }
 

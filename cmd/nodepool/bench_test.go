@@ -1,0 +1,62 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/nodepool-nats/nodepool/bench"
+)
+
+// `nodepool bench` runs each scenario end to end on a system it starts and
+// reports figures that hang together.
+func TestBenchScenarios(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		scenario string
+		n        string
+		results  int
+	}{
+		{"fresh", "20", 1},
+		{"ready", "20", 2},
+		{"churn", "30", 1},
+		{"scale", "300", 1},
+		{"scaleout", "20", 2},
+	}
+	for _, c := range cases {
+		t.Run(c.scenario, func(t *testing.T) {
+			t.Parallel()
+			out, errOut, code := nodepool(t, nil, "bench", c.scenario, "--n", c.n, "--json", "--work-dir", t.TempDir())
+			if code != 0 {
+				t.Fatalf("bench %s: exit %d\n%s", c.scenario, code, errOut)
+			}
+			var rs []bench.Result
+			if err := json.Unmarshal([]byte(out), &rs); err != nil {
+				t.Fatalf("output is not JSON results: %v\n%s", err, out)
+			}
+			if len(rs) != c.results {
+				t.Fatalf("%d results, want %d", len(rs), c.results)
+			}
+			for _, r := range rs {
+				l := r.Latency
+				if r.Requests == 0 || r.Throughput <= 0 || r.Makespan <= 0 || l.Min <= 0 || l.Min > l.P50 || l.P50 > l.P99 || l.P99 > l.Max {
+					t.Errorf("implausible figures: %+v", r)
+				}
+				if r.KVUpdateRate <= 0 || r.Ratio <= 0 || r.LauncherCPU <= 0 || r.LauncherPeakRSS <= 0 {
+					t.Errorf("missing KV rate, ratio or launcher usage: %+v", r)
+				}
+				if strings.HasPrefix(r.Scenario, "scale,") && (r.Extra["list_seconds"] <= 0 || r.Extra["restart_seconds"] <= 0 || r.Extra["list_lines"] < 300) {
+					t.Errorf("scale extras: %+v", r.Extra)
+				}
+			}
+		})
+	}
+	_, errOut, code := nodepool(t, nil, "bench", "nosuch")
+	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout`) {
+		t.Errorf("unknown scenario: exit %d, %q", code, errOut)
+	}
+	out, _, code := nodepool(t, nil, "bench", "churn", "--print-config")
+	if code != 0 || !strings.Contains(out, "max-servers: 20") {
+		t.Errorf("print-config: %q", out)
+	}
+}
