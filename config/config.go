@@ -38,6 +38,13 @@ type Config struct {
 	// every provider.
 	TenantResourceLimits []TenantLimit `yaml:"tenant-resource-limits"`
 
+	// The image builder's keys (see diskimages.go).
+	Diskimages        []Diskimage `yaml:"diskimages"`
+	ElementsDir       string      `yaml:"elements-dir"`
+	ImagesDir         string      `yaml:"images-dir"`
+	BuildLogDir       string      `yaml:"build-log-dir"`
+	BuildLogRetention *int        `yaml:"build-log-retention"`
+
 	// File is the path the configuration was read from.
 	File string `yaml:"-"`
 }
@@ -84,6 +91,14 @@ type Provider struct {
 	APIRateLimit float64      `yaml:"api-rate-limit" drivers:"fake"`
 	Quota        *CloudQuota  `yaml:"quota" drivers:"fake"`
 	Flavors      []FakeFlavor `yaml:"flavors" drivers:"fake"`
+
+	// Images uploaded to this provider (drivers with images only).
+	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake"`
+	// The fake cloud's image service: the format it takes, how long an
+	// upload takes, the share of uploads that fail.
+	ImageFormat       string   `yaml:"image-format" drivers:"fake"`
+	UploadDelay       Duration `yaml:"upload-delay" drivers:"fake"`
+	UploadFailureRate float64  `yaml:"upload-failure-rate" drivers:"fake"`
 }
 
 // CloudQuota is a simulated cloud's limits; zero means unlimited.
@@ -119,6 +134,8 @@ type PoolLabel struct {
 	Name       string `yaml:"name" required:"true"`
 	FlavorName string `yaml:"flavor-name" drivers:"fake"`
 	CloudImage string `yaml:"cloud-image" drivers:"fake"`
+	// Diskimage names an image of the provider's diskimages to boot from.
+	Diskimage string `yaml:"diskimage" drivers:"fake"`
 }
 
 // Unlimited is what MaxServers holds when a pool sets no limit.
@@ -192,8 +209,13 @@ func Parse(file string, data []byte) (*Config, error) {
 	}
 	d.decodeStruct("", root, []reflect.Value{reflect.ValueOf(cfg).Elem()})
 	if len(d.errs) == 0 {
+		cfg.resolveDiskimages(d, root)
+	}
+	if len(d.errs) == 0 {
 		cfg.applyDefaults()
+		cfg.applyImageDefaults()
 		cfg.validate(d, root)
+		cfg.validateImages(d, root)
 	}
 	if len(d.errs) > 0 {
 		return nil, d.errs

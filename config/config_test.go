@@ -65,7 +65,7 @@ func TestParseErrors(t *testing.T) {
 		yaml string
 		want []string // each must appear in the error text
 	}{
-		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: labels, max-hold-age, providers, tenant-resource-limits"}},
+		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: build-log-dir, build-log-retention, diskimages, elements-dir, images-dir, labels, max-hold-age, providers, tenant-resource-limits"}},
 		{"zookeeper", "zookeeper-servers: []\nlabels: []\n", []string{"zookeeper-servers: NATS replaces ZooKeeper: set NODEPOOL_NATS_URL instead"}},
 		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{"labels[0].minready: unknown key; expected one of: max-ready-age, min-ready, name"}},
 		{"wrong type", strings.Replace(valid, "max-servers: 5", "max-servers: five", 1), []string{`providers[0].pools[0].max-servers: expected an integer, got "five"`}},

@@ -40,6 +40,10 @@ type Settings struct {
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat    string        `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 	SyncInterval time.Duration `envconfig:"SYNC_INTERVAL" default:"5s" desc:"how often periodic sweeps run (cleanup, min-ready, lost work)"`
+	// The builder role's worker groups: builds and uploads this process
+	// runs at once (0: none).
+	BuildWorkers  int `envconfig:"BUILD_WORKERS" default:"1" desc:"image builds this process runs at once (builder role)"`
+	UploadWorkers int `envconfig:"UPLOAD_WORKERS" default:"4" desc:"image uploads this process runs at once (builder role)"`
 }
 
 // LoadSettings reads the settings from the environment and fills in the
@@ -96,6 +100,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.LogFormat != "text" && s.LogFormat != "json" {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_LOG_FORMAT: expected text or json, got %q", s.LogFormat))
+	}
+	if s.BuildWorkers < 0 || s.UploadWorkers < 0 {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_BUILD_WORKERS and NODEPOOL_UPLOAD_WORKERS: expected 0 or more, got %d and %d", s.BuildWorkers, s.UploadWorkers))
 	}
 	if s.NatsURL == "" && (s.NatsCreds != "" || s.NatsTLSCert != "") {
 		problems = append(problems, "NODEPOOL_NATS_CREDS and NODEPOOL_NATS_TLS_* apply to an external server; set NODEPOOL_NATS_URL too")

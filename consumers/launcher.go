@@ -41,7 +41,10 @@ type Options struct {
 	SyncInterval time.Duration
 	// Version is reported in the component record.
 	Version string
-	Log     *slog.Logger
+	// Roles are the process's roles, reported in the component record
+	// (default: launcher).
+	Roles []string
+	Log   *slog.Logger
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -54,6 +57,7 @@ type Launcher struct {
 	nodes      *kv.Cache[kv.Node]
 	requests   *kv.Cache[kv.Request]
 	components *kv.Cache[kv.Component]
+	images     *imageIndex // uploads of diskimages (nil without diskimage labels)
 
 	lifecycle *lifecycle
 	metrics   *Metrics
@@ -111,6 +115,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		nodes:      kv.NewCache(b.Nodes, log),
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
+		images:     newImageIndex(b, opts.Config, log),
 		metrics:    NewMetrics(),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
@@ -139,11 +144,19 @@ func (l *Launcher) Run(ctx context.Context) error {
 	for _, run := range []func(context.Context) error{l.nodes.Run, l.requests.Run, l.components.Run} {
 		caches.Go(func() { _ = run(cacheCtx) })
 	}
+	for _, c := range l.images.caches() {
+		caches.Go(func() { _ = c.Run(cacheCtx) })
+	}
 	defer func() {
 		stopCaches()
 		caches.Wait()
 	}()
 	for _, c := range []interface{ WaitSynced(context.Context) error }{l.nodes, l.requests, l.components} {
+		if err := c.WaitSynced(ctx); err != nil {
+			return err
+		}
+	}
+	for _, c := range l.images.caches() {
 		if err := c.WaitSynced(ctx); err != nil {
 			return err
 		}
@@ -210,7 +223,11 @@ func (l *Launcher) Run(ctx context.Context) error {
 // component is this process's record in nodepool-components.
 func (l *Launcher) component() *kv.Component {
 	host, _ := os.Hostname()
-	c := &kv.Component{ID: l.opts.ID, Roles: []string{config.RoleLauncher}, Hostname: host, PID: os.Getpid(),
+	roles := l.opts.Roles
+	if len(roles) == 0 {
+		roles = []string{config.RoleLauncher}
+	}
+	c := &kv.Component{ID: l.opts.ID, Roles: roles, Hostname: host, PID: os.Getpid(),
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()

@@ -424,7 +424,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 	if n.Attempt == 0 {
 		n.Attempt = 1
 	}
-	sm, err := drv.Create(createRequest(&n), n.DriverData)
+	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
 	if err != nil {
 		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
 		return
@@ -480,7 +480,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				return
 			}
 			n = ne.Value
-			if sm, err = drv.Create(createRequest(&n), nil); err != nil {
+			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
 				lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
 				return
 			}

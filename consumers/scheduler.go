@@ -114,6 +114,8 @@ func (s *scheduler) run(ctx context.Context) {
 	defer s.l.nodes.Unsubscribe(nodeSub)
 	compSub := s.l.components.Subscribe()
 	defer s.l.components.Unsubscribe(compSub)
+	imgWatch := s.l.images.watch()
+	defer imgWatch.stop()
 	defer s.jobs.Wait()
 
 	tick := time.NewTicker(s.l.opts.SyncInterval)
@@ -126,6 +128,7 @@ func (s *scheduler) run(ctx context.Context) {
 			s.indexNode(ch)
 		}
 		compSub.Drain()
+		imgWatch.drain()
 		s.collectDone()
 		s.pass(ctx)
 		select {
@@ -134,6 +137,7 @@ func (s *scheduler) run(ctx context.Context) {
 		case <-reqSub.C():
 		case <-nodeSub.C():
 		case <-compSub.C():
+		case <-imgWatch.C():
 		case <-s.doneC:
 		case <-tick.C:
 		case q := <-quotaC:
@@ -359,6 +363,9 @@ func (s *scheduler) pass(ctx context.Context) {
 		if why := s.cannotServe(r); why != "" {
 			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
 			continue
+		}
+		if !s.imagesReady(r) {
+			continue // waits for an upload of its diskimage; not a decline
 		}
 		if s.deferred(r, live) {
 			continue

@@ -77,6 +77,9 @@ type CreateRequest struct {
 	// a second instance.
 	Attempt int
 	Tags    map[string]string
+	// ImageID is the provider's id of the uploaded diskimage to boot from,
+	// for labels with a diskimage ("" otherwise).
+	ImageID string
 }
 
 // Step is the outcome of one Advance of a state machine.

@@ -70,7 +70,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		if last > 0 {
 			opts = append(opts, jetstream.ResumeFromRevision(last+1))
 		}
-		w, err := c.store.kv.WatchAll(ctx, opts...)
+		w, err := c.store.watch(ctx, opts...)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -289,7 +289,7 @@ func (s *Subscription[T]) Drain() []Change[T] {
 
 // List reads every record of the bucket once (without keeping a watch).
 func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
-	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	w, err := s.watch(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
 	}

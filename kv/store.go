@@ -38,10 +38,25 @@ type Entry[T any] struct {
 // revision-checked: Update and Delete take the revision the caller read.
 type Store[T any] struct {
 	kv jetstream.KeyValue
+	// keys, if set, is the key pattern (with * and >) of this store's
+	// records, for buckets that hold records of several types.
+	keys string
 }
 
 // NewStore wraps a bucket.
 func NewStore[T any](bucket jetstream.KeyValue) *Store[T] { return &Store[T]{kv: bucket} }
+
+// Filtered returns a store of the records whose keys match a pattern
+// ("*.*" for two-token keys): List, Keys and caches see only those.
+func (s *Store[T]) Filtered(pattern string) *Store[T] { return &Store[T]{kv: s.kv, keys: pattern} }
+
+// watch watches the store's keys.
+func (s *Store[T]) watch(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	if s.keys != "" {
+		return s.kv.Watch(ctx, s.keys, opts...)
+	}
+	return s.kv.WatchAll(ctx, opts...)
+}
 
 // Bucket returns the underlying bucket.
 func (s *Store[T]) Bucket() jetstream.KeyValue { return s.kv }
@@ -165,7 +180,13 @@ func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (E
 
 // Keys lists the keys of the bucket.
 func (s *Store[T]) Keys(ctx context.Context) ([]string, error) {
-	lister, err := s.kv.ListKeys(ctx)
+	var lister jetstream.KeyLister
+	var err error
+	if s.keys != "" {
+		lister, err = s.kv.ListKeysFiltered(ctx, s.keys)
+	} else {
+		lister, err = s.kv.ListKeys(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", s.kv.Bucket(), err)
 	}

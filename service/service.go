@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/builder"
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
@@ -42,6 +43,7 @@ type Process struct {
 	buckets   *kv.Buckets
 	providers map[string]drivers.Provider
 	launcher  *consumers.Launcher
+	builder   *builder.Builder
 }
 
 // Start brings a process up to the point where its roles can run: NATS
@@ -85,9 +87,14 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
 			ID: s.ID, Config: cfg, Providers: p.providers,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
-			Version: Version, Log: log,
+			Version: Version, Roles: s.Roles, Log: log,
 		})
 		if err != nil {
+			return nil, err
+		}
+	}
+	if s.HasRole(config.RoleBuilder) {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, log); err != nil {
 			return nil, err
 		}
 	}
@@ -122,6 +129,27 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 	return out, nil
 }
 
+// NewBuilder prepares the builder role: image files go under the
+// configuration's images-dir (default <data dir>/images), build logs under
+// build-log-dir (default <data dir>/build-logs).
+func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, log *slog.Logger) (*builder.Builder, error) {
+	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
+	if imagesDir == "" {
+		imagesDir = filepath.Join(s.DataDir, "images")
+	}
+	if logDir == "" {
+		logDir = filepath.Join(s.DataDir, "build-logs")
+	}
+	return builder.New(js, b, builder.Options{
+		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
+		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
+		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log,
+	})
+}
+
+// Builder is the builder role (nil if the process does not run it).
+func (p *Process) Builder() *builder.Builder { return p.builder }
+
 // Conn is the process's NATS connection.
 func (p *Process) Conn() *nats.Conn { return p.nc }
 
@@ -148,8 +176,12 @@ func (p *Process) Run(ctx context.Context) error {
 			}
 		})
 	}
-	if p.Settings.HasRole(config.RoleBuilder) {
-		p.Log.Info("builder role: nothing to build (no diskimages in this configuration)")
+	if b := p.builder; b != nil {
+		wg.Go(func() {
+			if err := b.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errs <- fmt.Errorf("builder: %w", err)
+			}
+		})
 	}
 	wg.Wait()
 	close(errs)

@@ -75,6 +75,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 
 	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(),
 		a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.benchCmd())
+	root.AddCommand(a.imageCmds()...)
 	return root
 }
 
@@ -84,6 +85,7 @@ var flagNames = map[string]string{
 	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "DataDir": "data-dir",
 	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
+	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
 }
 
 // loadSettings reads the environment, then lets every flag given on the

@@ -74,7 +74,13 @@ type proc struct {
 // startRun starts `nodepool run` with the given environment.
 func startRun(t *testing.T, env map[string]string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"run"}, args...)...)
+	return startDaemon(t, env, append([]string{"run"}, args...)...)
+}
+
+// startDaemon starts a long-running nodepool command (run, builder).
+func startDaemon(t *testing.T, env map[string]string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), "NODEPOOL_LOG_LEVEL=debug")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

@@ -32,15 +32,44 @@ given as a flag instead. SIGINT or SIGTERM stops it cleanly.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context()) },
 	}
+	cmd.Flags().StringSliceVar(&a.flags.Roles, "roles", nil, "worker groups to run: launcher, builder [NODEPOOL_ROLES] (default both)")
+	a.daemonFlags(cmd)
+	return cmd
+}
+
+// builderCmd is `nodepool run` with the builder role alone, as Nodepool's
+// nodepool-builder.
+func (a *app) builderCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "builder",
+		Short: "Run the image builder only: build and upload worker groups (nodepool run --roles builder)",
+		Long: `Run the image builder: build workers run diskimage-builder for the
+build triggers (nodepool.builds.<image>), upload workers upload builds to
+the providers (nodepool.uploads.<image>.<provider>), and one builder at a
+time schedules builds and uploads and deletes old ones. Same settings as
+"nodepool run"; NODEPOOL_BUILD_WORKERS and NODEPOOL_UPLOAD_WORKERS set
+this process's share of the worker groups.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a.settings.Roles = []string{config.RoleBuilder}
+			return a.run(cmd.Context())
+		},
+	}
+	a.daemonFlags(cmd)
+	return cmd
+}
+
+// daemonFlags are the settings flags of run and builder.
+func (a *app) daemonFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&a.flags.DataDir, "data-dir", "", "embedded JetStream store and image files [NODEPOOL_DATA_DIR] (default ./data)")
-	f.StringSliceVar(&a.flags.Roles, "roles", nil, "worker groups to run: launcher, builder [NODEPOOL_ROLES] (default both)")
+	f.IntVar(&a.flags.BuildWorkers, "build-workers", 0, "image builds this process runs at once [NODEPOOL_BUILD_WORKERS] (default 1)")
+	f.IntVar(&a.flags.UploadWorkers, "upload-workers", 0, "image uploads this process runs at once [NODEPOOL_UPLOAD_WORKERS] (default 4)")
 	f.StringVar(&a.flags.ID, "id", "", "this process's identity [NODEPOOL_ID] (default hostname-pid)")
 	f.StringVar(&a.flags.HTTPAddr, "http-addr", "", "status API and metrics; empty turns it off [NODEPOOL_HTTP_ADDR] (default 127.0.0.1:8005)")
 	f.IntVar(&a.flags.Replicas, "replicas", 0, "replicas of streams and buckets: 1, 3 or 5 [NODEPOOL_REPLICAS] (default 1)")
 	f.DurationVar(&a.flags.LeaseTTL, "lease-ttl", 0, "life of a lease or heartbeat without renewal [NODEPOOL_LEASE_TTL] (default 10s)")
 	f.DurationVar(&a.flags.SyncInterval, "sync-interval", 0, "period of the cleanup and reconciliation sweeps [NODEPOOL_SYNC_INTERVAL] (default 5s)")
-	return cmd
 }
 
 func (a *app) run(ctx context.Context) error {
@@ -110,6 +139,12 @@ func statusHandler(p *service.Process) http.Handler {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nodepool_nodes", Help: "Node records seen by this process."},
 			func() float64 { return float64(l.Nodes().Len()) }))
 	}
+	if b := p.Builder(); b != nil {
+		for _, c := range b.Metrics().Counters() {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.Name, Help: c.Help},
+				func() float64 { return float64(c.V.Load()) }))
+		}
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Profiles and goroutine dumps (Nodepool's SIGUSR2 stack dump).
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -122,6 +157,13 @@ func statusHandler(p *service.Process) http.Handler {
 			l.Nodes().Range(func(e *kv.Entry[kv.Node]) bool { states[e.Value.State]++; return true })
 			st["nodes"] = states
 			st["requests"] = l.Requests().Len()
+		}
+		if b := p.Builder(); b != nil {
+			builds := map[kv.ImageState]int{}
+			b.Builds().Range(func(e *kv.Entry[kv.ImageBuild]) bool { builds[e.Value.State]++; return true })
+			uploads := map[kv.ImageState]int{}
+			b.Uploads().Range(func(e *kv.Entry[kv.ImageUpload]) bool { uploads[e.Value.State]++; return true })
+			st["image_builds"], st["image_uploads"] = builds, uploads
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(st)

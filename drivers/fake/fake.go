@@ -79,6 +79,10 @@ type Provider struct {
 
 	mu  sync.Mutex
 	rng *rand.Rand
+
+	// The cloud's image service (images.go).
+	images      *kv.Store[ImageRecord]
+	failUploads int
 }
 
 // New opens (creating if needed) the fake cloud of a provider and starts
@@ -119,6 +123,9 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		log:   log,
 		done:  make(chan struct{}),
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
+	}
+	if err := p.openImages(ctx, js, replicas); err != nil {
+		return nil, err
 	}
 	p.cache = kv.NewCache(p.store, log)
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -377,6 +384,16 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		if err != nil {
 			return drivers.Step{}, err
 		}
+		image := pl.CloudImage
+		if pl.Diskimage != "" && m.req.ImageID == "" {
+			return drivers.Step{}, fmt.Errorf("label %s boots from diskimage %s, but no uploaded image was given", m.req.Label, pl.Diskimage)
+		}
+		if m.req.ImageID != "" {
+			if err := p.bootImage(ctx, m.req.ImageID); err != nil {
+				return drivers.Step{}, err
+			}
+			image = m.req.ImageID
+		}
 		size, _ := p.QuotaForLabel(m.req.Pool, m.req.Label)
 		if err := p.cache.WaitSynced(ctx); err != nil {
 			return drivers.Step{}, err
@@ -393,7 +410,7 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		p.mu.Unlock()
 		rec := InstanceRecord{
 			ID: id, Name: m.req.Hostname, Token: token, Tags: m.req.Tags,
-			Flavor: pl.FlavorName, Image: pl.CloudImage, Cores: size.Cores, RAM: size.RAM,
+			Flavor: pl.FlavorName, Image: image, Cores: size.Cores, RAM: size.RAM,
 			IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
 		}
 		// The token makes the create idempotent: an instance an earlier try

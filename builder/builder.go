@@ -1,0 +1,484 @@
+// Package builder runs the image builder's worker groups: build workers
+// consume build triggers (nodepool.builds.<image>) and run diskimage-builder,
+// upload workers consume upload triggers (nodepool.uploads.<image>.<provider>)
+// and upload builds through the providers' drivers, and one scheduler (led
+// by a lease) publishes the triggers that are due, fails work whose owner
+// went away, and deletes what retention no longer keeps. Builds and uploads
+// are records of the nodepool-images bucket; image files live in the
+// nodepool-image-files object store, so any process can upload a build made
+// by any other.
+package builder
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Worker groups (durable consumers of the NODEPOOL_BUILDS stream) and the
+// scheduler's lease.
+const (
+	BuildConsumer  = "image-builds"
+	UploadConsumer = "image-uploads"
+	SchedulerLease = "image-scheduler"
+)
+
+// Defaults of the options.
+const (
+	DefaultBuildWorkers  = 1
+	DefaultUploadWorkers = 4
+	DefaultRetryBase     = 10 * time.Second
+)
+
+// Retention, as in Nodepool: builds and uploads kept per image (and per
+// provider for uploads).
+const (
+	KeepBuilds  = 2
+	KeepUploads = 2
+	// keepFailed bounds the failed builds kept after the newest ready one
+	// (they count consecutive failures for the retry backoff).
+	keepFailed = 7
+	// maxInterrupted is how many times one trigger's build is started
+	// again after its builder went away before the trigger is given up.
+	maxInterrupted = 3
+)
+
+// Options configure a builder.
+type Options struct {
+	// ID is this process's identity (NODEPOOL_ID).
+	ID     string
+	Config *config.Config
+	// Providers are the constructed drivers, by provider name; uploads go
+	// to those that implement drivers.ImageProvider.
+	Providers map[string]drivers.Provider
+	// LeaseTTL must match the TTL of the locks bucket.
+	LeaseTTL time.Duration
+	// SyncInterval is how often the scheduler looks at every image.
+	SyncInterval time.Duration
+	// BuildWorkers and UploadWorkers are this process's share of the
+	// worker groups; 0 takes no builds (or uploads).
+	BuildWorkers  int
+	UploadWorkers int
+	// ImagesDir is where builds write their files before they are stored;
+	// BuildLogDir keeps the build logs.
+	ImagesDir   string
+	BuildLogDir string
+	// Replicas of the image files object store.
+	Replicas int
+	// RetryBase is the wait before a failed build or upload is tried
+	// again; it doubles with each failure, up to 64 times.
+	RetryBase time.Duration
+	// Register writes this process's component record (a process that also
+	// runs the launcher has one already).
+	Register bool
+	Version  string
+	Log      *slog.Logger
+}
+
+// Builder is one process's share of the builder's worker groups.
+type Builder struct {
+	opts  Options
+	cfg   *config.Config
+	js    jetstream.JetStream
+	b     *kv.Buckets
+	img   *kv.ImageStores
+	files jetstream.ObjectStore
+	log   *slog.Logger
+	// runID names this run of the process: the holder of its leases and the
+	// owner recorded on the builds and uploads it runs.
+	runID string
+	// install names this nodepool installation (see BuildEnv).
+	install string
+
+	images  *kv.Cache[kv.DiskImage]
+	builds  *kv.Cache[kv.ImageBuild]
+	uploads *kv.Cache[kv.ImageUpload]
+
+	mu     sync.Mutex
+	active map[string]bool // builds and uploads running in this process
+
+	metrics *Metrics
+}
+
+// New prepares a builder; Run starts it.
+func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) {
+	if opts.ID == "" {
+		return nil, errors.New("builder needs an id")
+	}
+	if opts.Config == nil {
+		return nil, errors.New("builder needs a configuration")
+	}
+	if opts.ImagesDir == "" || opts.BuildLogDir == "" {
+		return nil, errors.New("builder needs an images folder and a build log folder")
+	}
+	if opts.BuildWorkers < 0 || opts.UploadWorkers < 0 {
+		return nil, fmt.Errorf("worker counts must be 0 or more, got %d build and %d upload workers", opts.BuildWorkers, opts.UploadWorkers)
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	if opts.SyncInterval == 0 {
+		opts.SyncInterval = 5 * time.Second
+	}
+	if opts.RetryBase == 0 {
+		opts.RetryBase = DefaultRetryBase
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	var nonce [4]byte
+	_, _ = rand.Read(nonce[:])
+	runID := opts.ID + "#" + hex.EncodeToString(nonce[:])
+	log := opts.Log.With("builder", opts.ID)
+	img := kv.NewImageStores(b.Images)
+	return &Builder{
+		opts: opts, cfg: opts.Config, js: js, b: b, img: img, log: log, runID: runID,
+		images:  kv.NewCache(img.Images, log),
+		builds:  kv.NewCache(img.Builds, log),
+		uploads: kv.NewCache(img.Uploads, log),
+		active:  map[string]bool{},
+		metrics: &Metrics{},
+	}, nil
+}
+
+// Metrics returns the builder's counters.
+func (b *Builder) Metrics() *Metrics { return b.metrics }
+
+// Builds is the builder's view of the build records.
+func (b *Builder) Builds() *kv.Cache[kv.ImageBuild] { return b.builds }
+
+// Uploads is the builder's view of the upload records.
+func (b *Builder) Uploads() *kv.Cache[kv.ImageUpload] { return b.uploads }
+
+// ackWait is how long a trigger stays with a worker that stopped telling
+// the server it still works on it: long enough for the worker's leases to
+// expire first, so that the next worker finds the work orphaned.
+func (b *Builder) ackWait() time.Duration { return max(3*b.opts.LeaseTTL, 3*time.Second) }
+
+// keepAliveEvery is how often a running build or upload renews its lease
+// and its message.
+func (b *Builder) keepAliveEvery() time.Duration { return b.opts.LeaseTTL / 3 }
+
+// Run runs the builder's worker groups until ctx ends. Builds and uploads
+// in progress are then stopped, recorded as interrupted and their triggers
+// handed back, so another process takes them at once.
+func (b *Builder) Run(ctx context.Context) error {
+	for _, dir := range []string{b.opts.ImagesDir, b.opts.BuildLogDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("builder: %w", err)
+		}
+	}
+	files, err := EnsureFiles(ctx, b.js, b.opts.Replicas, b.log)
+	if err != nil {
+		return err
+	}
+	b.files = files
+	if st, err := b.b.Images.Status(ctx); err == nil {
+		if bst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			b.install = strconv.FormatInt(bst.StreamInfo().Created.UnixNano(), 36)
+		}
+	}
+
+	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
+	var caches sync.WaitGroup
+	for _, run := range []func(context.Context) error{b.images.Run, b.builds.Run, b.uploads.Run} {
+		caches.Go(func() { _ = run(cacheCtx) })
+	}
+	defer func() {
+		stopCaches()
+		caches.Wait()
+	}()
+	for _, c := range []interface{ WaitSynced(context.Context) error }{b.images, b.builds, b.uploads} {
+		if err := c.WaitSynced(ctx); err != nil {
+			return err
+		}
+	}
+
+	b.killEarlierRuns()
+	b.cleanBuildDirs()
+
+	var wg sync.WaitGroup
+	if b.opts.Register {
+		if err := b.heartbeat(ctx); err != nil {
+			return fmt.Errorf("registering builder: %w", err)
+		}
+		wg.Go(func() { b.keepHeartbeat(ctx) })
+	}
+	if err := b.startWorkers(ctx, &wg, BuildConsumer, "image builds", events.BuildsSubject, b.opts.BuildWorkers, b.handleBuild); err != nil {
+		return err
+	}
+	if err := b.startWorkers(ctx, &wg, UploadConsumer, "image uploads", events.UploadsSubject, b.opts.UploadWorkers, b.handleUpload); err != nil {
+		return err
+	}
+	sched := newScheduler(b)
+	lease := kv.NewLease(b.b.Locks, SchedulerLease, b.runID, b.opts.LeaseTTL, b.log)
+	wg.Go(func() { lease.Elect(ctx, sched.run) })
+
+	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,
+		"images", len(b.cfg.DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
+	<-ctx.Done()
+	b.log.Info("builder stopping")
+	wg.Wait()
+	if b.opts.Register {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if e, err := b.b.Components.Get(sctx, b.opts.ID); err == nil {
+			_ = b.b.Components.Delete(sctx, b.opts.ID, e.Revision)
+		}
+	}
+	b.log.Info("builder stopped")
+	return nil
+}
+
+// cleanBuildDirs removes what builds killed with an earlier run of this
+// process left in the images folder.
+func (b *Builder) cleanBuildDirs() {
+	entries, err := os.ReadDir(b.opts.ImagesDir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		image, build, err := kv.ParseBuildName(e.Name())
+		if err != nil || !e.IsDir() {
+			continue
+		}
+		if cur, ok := b.builds.Get(kv.BuildKey(image, build)); ok && cur.Value.State == kv.ImageBuilding && cur.Value.BuilderID != b.runID &&
+			cur.Value.Builder != b.opts.ID {
+			continue // another process on this host may be building it
+		}
+		if err := os.RemoveAll(filepath.Join(b.opts.ImagesDir, e.Name())); err == nil {
+			b.log.Info("removed the files of an earlier build", "dir", e.Name())
+		}
+	}
+}
+
+// startWorkers creates a worker group's durable consumer and runs n
+// workers that each take one trigger at a time, so a trigger waits in the
+// stream, not in a process, until a worker is free.
+func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, what, subject string, n int,
+	handle func(context.Context, jetstream.Msg)) error {
+	if n == 0 {
+		return nil
+	}
+	cons, err := b.js.CreateOrUpdateConsumer(ctx, events.BuildsStream, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   what,
+		FilterSubject: subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       b.ackWait(),
+		MaxAckPending: 1000,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the %s consumer: %w", what, err)
+	}
+	for range n {
+		wg.Go(func() { b.work(ctx, cons, what, handle) })
+	}
+	return nil
+}
+
+func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) {
+	for ctx.Err() == nil {
+		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		msg, err := cons.Next(jetstream.FetchContext(fctx))
+		timedOut := fctx.Err() != nil
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil || timedOut || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) ||
+				errors.Is(err, context.DeadlineExceeded) {
+				continue // nothing to do for a while
+			}
+			b.log.Warn("could not fetch a trigger; retrying", "group", what, "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		handle(ctx, msg)
+	}
+}
+
+// claim marks a build or upload as running in this process; false if it
+// runs already (another worker of this process has it).
+func (b *Builder) claim(key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.active[key] {
+		return false
+	}
+	b.active[key] = true
+	return true
+}
+
+func (b *Builder) unclaim(key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.active, key)
+}
+
+func (b *Builder) running(key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.active[key]
+}
+
+// Lease keys and local claim keys of builds and uploads.
+func buildLease(image string) string            { return "build." + image }
+func uploadLease(image, provider string) string { return "upload." + image + "." + provider }
+func buildClaim(image string) string            { return "build/" + image }
+func uploadClaim(image, provider string) string { return "upload/" + image + "/" + provider }
+
+// paused reports whether builds of an image are paused, by the
+// configuration or by `nodepool image-pause`.
+func (b *Builder) paused(di *config.Diskimage) bool {
+	if di.Pause {
+		return true
+	}
+	e, ok := b.images.Get(di.Name)
+	return ok && e.Value.Paused
+}
+
+// imageProvider returns the driver of a provider if it takes images.
+func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
+	ip, ok := b.opts.Providers[name].(drivers.ImageProvider)
+	return ip, ok
+}
+
+// formats lists the formats a build of the image must have: those of its
+// `formats` key and those the providers that list it take. An image no
+// provider lists and with no formats is not built (as in Nodepool).
+func (b *Builder) formats(di *config.Diskimage) []string {
+	out := slices.Clone(di.Formats)
+	for _, p := range b.cfg.ImageProviders(di.Name) {
+		if ip, ok := b.imageProvider(p.Name); ok {
+			out = append(out, ip.ImageFormat())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// backoff is the wait after n failures in a row (n >= 1).
+func (b *Builder) backoff(n int) time.Duration {
+	return b.opts.RetryBase << min(max(n-1, 0), 6)
+}
+
+// heartbeat writes the component record of a builder-only process.
+func (b *Builder) heartbeat(ctx context.Context) error {
+	host, _ := os.Hostname()
+	now := time.Now().UTC()
+	c := &kv.Component{ID: b.opts.ID, Roles: []string{config.RoleBuilder}, Hostname: host, PID: os.Getpid(),
+		Version: b.opts.Version, Heartbeat: now, Started: now}
+	e, err := b.b.Components.Get(ctx, b.opts.ID)
+	if errors.Is(err, kv.ErrNotFound) {
+		_, err = b.b.Components.Create(ctx, b.opts.ID, c)
+		return err
+	}
+	if err != nil && !errors.Is(err, kv.ErrBadRecord) {
+		return err
+	}
+	if !e.Value.Started.IsZero() {
+		c.Started = e.Value.Started
+	}
+	_, err = b.b.Components.Update(ctx, b.opts.ID, c, e.Revision)
+	return err
+}
+
+func (b *Builder) keepHeartbeat(ctx context.Context) {
+	t := time.NewTicker(b.opts.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			hctx, cancel := context.WithTimeout(ctx, b.opts.LeaseTTL/3)
+			if err := b.heartbeat(hctx); err != nil && ctx.Err() == nil {
+				b.log.Warn("heartbeat failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// sleep waits d or until ctx ends; it reports whether to go on.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// keepAlive renews a lease and tells the server a message is still being
+// worked on, until stop is closed. It cancels work when the lease is lost
+// (or may be about to expire), since another process may then take over.
+func (b *Builder) keepAlive(ctx context.Context, msg jetstream.Msg, lease *kv.Lease, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		every := b.keepAliveEvery()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		lastRenew := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			_ = msg.InProgress()
+			rctx, rcancel := context.WithTimeout(ctx, every)
+			err := lease.Renew(rctx)
+			rcancel()
+			switch {
+			case err == nil:
+				lastRenew = time.Now()
+			case errors.Is(err, kv.ErrConflict) || errors.Is(err, kv.ErrNotFound):
+				cancel(fmt.Errorf("%w: %v", errLeaseLost, err))
+				return
+			case time.Since(lastRenew) > b.opts.LeaseTTL-every:
+				cancel(fmt.Errorf("%w: could not renew it in time: %v", errLeaseLost, err))
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// Reasons work stops before it is done.
+var (
+	errLeaseLost = errors.New("lease lost")
+	errStopping  = errors.New("the builder is stopping")
+)
+
+// writeCtx is a context for the writes that record how work ended: they
+// must happen even when the worker's context ended.
+func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}

@@ -1,0 +1,354 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Defaults of the diskimage keys, as in Nodepool.
+const (
+	DefaultRebuildAge        = 24 * time.Hour
+	DefaultBuildTimeout      = 8 * time.Hour
+	DefaultDibCmd            = "disk-image-create"
+	DefaultImageUsername     = "zuul"
+	DefaultPythonPath        = "auto"
+	DefaultBuildLogRetention = 7
+	DefaultImageFormat       = "qcow2"
+)
+
+// ImageFormats are the disk image formats a build may produce (the `-t`
+// values of disk-image-create that write a file).
+var ImageFormats = []string{"qcow2", "raw", "vhd", "vhdx", "vmdk", "vdi", "tar", "tgz", "squashfs"}
+
+// FormatExtension is the file extension disk-image-create gives a format.
+func FormatExtension(format string) string {
+	if format == "squashfs" {
+		return "squash"
+	}
+	return format
+}
+
+// Diskimage is an entry of the top-level `diskimages` list: an image built
+// with diskimage-builder (or the command in dib-cmd) and uploaded to every
+// provider that lists it.
+type Diskimage struct {
+	Name     string `yaml:"name" required:"true"`
+	Abstract bool   `yaml:"abstract"`
+	Parent   string `yaml:"parent"`
+	// Elements are diskimage-builder elements; an image adds its own to its
+	// parent's.
+	Elements []string `yaml:"elements"`
+	// Release is passed to diskimage-builder as DIB_RELEASE.
+	Release string `yaml:"release"`
+	// EnvVars are set in the build's environment; an image's own override
+	// its parent's.
+	EnvVars map[string]string `yaml:"env-vars"`
+	// Formats are built in addition to those the providers need.
+	Formats      []string `yaml:"formats"`
+	RebuildAge   Duration `yaml:"rebuild-age"`
+	BuildTimeout Duration `yaml:"build-timeout"`
+	Pause        bool     `yaml:"pause"`
+	DibCmd       string   `yaml:"dib-cmd"`
+	Username     string   `yaml:"username"`
+	PythonPath   string   `yaml:"python-path"`
+	ShellType    string   `yaml:"shell-type"`
+
+	// set holds the keys written in the file, for inheritance.
+	set map[string]bool
+}
+
+// ProviderDiskimage is an entry of a provider's `diskimages`: an image to
+// upload to this provider.
+type ProviderDiskimage struct {
+	Name string `yaml:"name" required:"true"`
+	// Pause stops uploads of the image to this provider.
+	Pause bool `yaml:"pause"`
+}
+
+func (di *Diskimage) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(di).Elem()})
+	di.set = map[string]bool{}
+	if n = resolveAlias(n); n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if !isNull(resolveAlias(n.Content[i+1])) {
+				di.set[n.Content[i].Value] = true
+			}
+		}
+	}
+}
+
+func (pd *ProviderDiskimage) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	if n.Kind == yaml.ScalarNode {
+		pd.Name = n.Value
+		return
+	}
+	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(pd).Elem()})
+}
+
+// notInherited are the diskimage keys an image never takes from its parent
+// (elements and env-vars are merged instead of replaced).
+var notInherited = map[string]bool{"name": true, "abstract": true, "parent": true, "elements": true, "env-vars": true}
+
+// resolveDiskimages applies parent inheritance: an image takes every key it
+// does not set from its parent (recursively), adds its elements to the
+// parent's and merges env-vars, its own winning.
+func (c *Config) resolveDiskimages(d *decoder, root *yaml.Node) {
+	byName := map[string]int{}
+	for i, di := range c.Diskimages {
+		if _, dup := byName[di.Name]; !dup {
+			byName[di.Name] = i
+		}
+	}
+	const (
+		unresolved = iota
+		resolving
+		resolved
+	)
+	state := make([]int, len(c.Diskimages))
+	var resolve func(i int, chain []string) bool
+	resolve = func(i int, chain []string) bool {
+		di := &c.Diskimages[i]
+		switch state[i] {
+		case resolved:
+			return true
+		case resolving:
+			d.fail(indexPath("diskimages", i)+".parent", nodeAt(root, "diskimages", i, "parent"),
+				"inheritance loop: %s", strings.Join(append(chain, di.Name), " -> "))
+			return false
+		}
+		if di.Parent == "" {
+			state[i] = resolved
+			return true
+		}
+		pi, ok := byName[di.Parent]
+		if !ok {
+			d.fail(indexPath("diskimages", i)+".parent", nodeAt(root, "diskimages", i, "parent"),
+				"parent %q is not defined; expected the name of another diskimage", di.Parent)
+			state[i] = resolved
+			return false
+		}
+		state[i] = resolving
+		if !resolve(pi, append(chain, di.Name)) {
+			state[i] = resolved
+			return false
+		}
+		parent := &c.Diskimages[pi]
+		own := reflect.ValueOf(di).Elem()
+		from := reflect.ValueOf(parent).Elem()
+		for _, f := range reflect.VisibleFields(own.Type()) {
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if key == "" || key == "-" || notInherited[key] || di.set[key] {
+				continue
+			}
+			own.FieldByIndex(f.Index).Set(from.FieldByIndex(f.Index))
+			if parent.set[key] {
+				di.set[key] = true
+			}
+		}
+		di.Elements = append(slices.Clone(parent.Elements), di.Elements...)
+		env := map[string]string{}
+		for k, v := range parent.EnvVars {
+			env[k] = v
+		}
+		for k, v := range di.EnvVars {
+			env[k] = v
+		}
+		if len(env) > 0 {
+			di.EnvVars = env
+		}
+		state[i] = resolved
+		return true
+	}
+	for i := range c.Diskimages {
+		resolve(i, nil)
+	}
+}
+
+func (c *Config) applyImageDefaults() {
+	if c.BuildLogRetention == nil {
+		r := DefaultBuildLogRetention
+		c.BuildLogRetention = &r
+	}
+	for i := range c.Diskimages {
+		di := &c.Diskimages[i]
+		if di.RebuildAge == 0 {
+			di.RebuildAge = Duration(DefaultRebuildAge)
+		}
+		if di.BuildTimeout == 0 {
+			di.BuildTimeout = Duration(DefaultBuildTimeout)
+		}
+		if strings.TrimSpace(di.DibCmd) == "" {
+			di.DibCmd = DefaultDibCmd
+		}
+		if di.Username == "" {
+			di.Username = DefaultImageUsername
+		}
+		if di.PythonPath == "" {
+			di.PythonPath = DefaultPythonPath
+		}
+	}
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		if p.Driver == "fake" && p.ImageFormat == "" {
+			p.ImageFormat = DefaultImageFormat
+		}
+	}
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// validateImages checks the diskimages, the providers' diskimages and the
+// pool labels that name one.
+func (c *Config) validateImages(d *decoder, root *yaml.Node) {
+	line := func(path ...any) *yaml.Node { return nodeAt(root, path...) }
+	if r := *c.BuildLogRetention; r < -1 {
+		d.fail("build-log-retention", line("build-log-retention"), "expected -1 (keep every log) or a number of logs to keep, got %d", r)
+	}
+	images := map[string]int{}
+	for i, di := range c.Diskimages {
+		path := indexPath("diskimages", i)
+		at := func(rest ...any) *yaml.Node { return line(append([]any{"diskimages", i}, rest...)...) }
+		if !nameRE.MatchString(di.Name) {
+			d.fail(path+".name", at("name"), "diskimage name %q is not valid; expected 1 to 64 of A-Z a-z 0-9 _ - (no dots: it becomes a subject token and part of record keys)", di.Name)
+		}
+		if prev, dup := images[di.Name]; dup {
+			d.fail(path+".name", at("name"), "diskimage %q is defined twice (also diskimages[%d])", di.Name, prev)
+		}
+		images[di.Name] = i
+		for j, f := range di.Formats {
+			if !slices.Contains(ImageFormats, f) {
+				d.fail(indexPath(path+".formats", j), at("formats", j), "unknown format %q; expected one of: %s", f, strings.Join(ImageFormats, ", "))
+			}
+		}
+		for j, e := range di.Elements {
+			if strings.TrimSpace(e) == "" || strings.ContainsAny(e, " \t\n") {
+				d.fail(indexPath(path+".elements", j), at("elements", j), "element %q is not valid; expected an element name without spaces", e)
+			}
+		}
+		for k := range di.EnvVars {
+			if !envNameRE.MatchString(k) {
+				d.fail(path+".env-vars."+k, at("env-vars"), "%q is not a valid environment variable name; expected A-Z a-z 0-9 _, not starting with a digit", k)
+			}
+		}
+		if strings.ContainsAny(di.DibCmd, `"'\`) {
+			d.fail(path+".dib-cmd", at("dib-cmd"), "quoting is not supported; the command is split on whitespace (put a complex command in a script)")
+		}
+		if strings.ContainsAny(di.Username, " \t\n") {
+			d.fail(path+".username", at("username"), "username %q is not valid; expected a user name without spaces", di.Username)
+		}
+		if strings.ContainsAny(di.ShellType, " \t\n") {
+			d.fail(path+".shell-type", at("shell-type"), "shell-type %q is not valid; expected a shell name such as sh, csh or powershell", di.ShellType)
+		}
+	}
+	for i, p := range c.Providers {
+		path := indexPath("providers", i)
+		at := func(rest ...any) *yaml.Node { return line(append([]any{"providers", i}, rest...)...) }
+		if p.ImageFormat != "" && !slices.Contains(ImageFormats, p.ImageFormat) {
+			d.fail(path+".image-format", at("image-format"), "unknown format %q; expected one of: %s", p.ImageFormat, strings.Join(ImageFormats, ", "))
+		}
+		if p.UploadFailureRate < 0 || p.UploadFailureRate > 1 {
+			d.fail(path+".upload-failure-rate", at("upload-failure-rate"), "expected a number from 0 to 1, got %g", p.UploadFailureRate)
+		}
+		listed := map[string]bool{}
+		for j, pd := range p.Diskimages {
+			dpath := indexPath(path+".diskimages", j)
+			di, ok := c.Diskimage(pd.Name)
+			switch {
+			case !ok:
+				d.fail(dpath, at("diskimages", j), "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pd.Name, strings.Join(c.DiskimageNames(), ", "))
+			case di.Abstract:
+				d.fail(dpath, at("diskimages", j), "diskimage %q is abstract; only images that are built can be uploaded", pd.Name)
+			}
+			if listed[pd.Name] {
+				d.fail(dpath, at("diskimages", j), "diskimage %q is listed twice in this provider", pd.Name)
+			}
+			listed[pd.Name] = true
+		}
+		for j, pool := range p.Pools {
+			for k, pl := range pool.Labels {
+				if pl.Diskimage == "" {
+					continue
+				}
+				lpath := indexPath(indexPath(path+".pools", j)+".labels", k)
+				lat := at("pools", j, "labels", k, "diskimage")
+				if pl.CloudImage != "" {
+					d.fail(lpath, lat, "a label boots from a diskimage or a cloud-image, not both")
+				}
+				if !listed[pl.Diskimage] {
+					d.fail(lpath+".diskimage", lat, "diskimage %q is not in this provider's diskimages; add it there to have it uploaded", pl.Diskimage)
+				}
+			}
+		}
+	}
+}
+
+// DiskimageNames lists the defined diskimages that are built (not
+// abstract), in file order.
+func (c *Config) DiskimageNames() []string {
+	var names []string
+	for _, di := range c.Diskimages {
+		if !di.Abstract {
+			names = append(names, di.Name)
+		}
+	}
+	return names
+}
+
+// Diskimage returns the diskimage of that name.
+func (c *Config) Diskimage(name string) (*Diskimage, bool) {
+	for i := range c.Diskimages {
+		if c.Diskimages[i].Name == name {
+			return &c.Diskimages[i], true
+		}
+	}
+	return nil, false
+}
+
+// Diskimage returns the provider's entry for an image.
+func (p *Provider) Diskimage(name string) (*ProviderDiskimage, bool) {
+	for i := range p.Diskimages {
+		if p.Diskimages[i].Name == name {
+			return &p.Diskimages[i], true
+		}
+	}
+	return nil, false
+}
+
+// ImageProviders lists the providers that list an image, in file order.
+func (c *Config) ImageProviders(image string) []*Provider {
+	var out []*Provider
+	for i := range c.Providers {
+		if _, ok := c.Providers[i].Diskimage(image); ok {
+			out = append(out, &c.Providers[i])
+		}
+	}
+	return out
+}
+
+// Env is the environment of the image's build command besides the
+// process's own: DIB_RELEASE, ELEMENTS_PATH and the image's env-vars (which
+// win).
+func (c *Config) Env(di *Diskimage) []string {
+	env := map[string]string{}
+	if di.Release != "" {
+		env["DIB_RELEASE"] = di.Release
+	}
+	if c.ElementsDir != "" {
+		env["ELEMENTS_PATH"] = c.ElementsDir
+	}
+	for k, v := range di.EnvVars {
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, fmt.Sprintf("%s=%s", k, v))
+	}
+	slices.Sort(out)
+	return out
+}

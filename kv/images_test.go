@@ -1,0 +1,133 @@
+package kv_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// The three kinds of image records share one bucket; each typed store and
+// each cache sees only its own kind.
+func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	ctx := t.Context()
+	s := kv.NewImageStores(b.Images)
+	if _, err := s.Images.Create(ctx, "debian", &kv.DiskImage{Name: "debian", BuildSeq: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{kv.ImageSeqID(1), kv.ImageSeqID(2)} {
+		if _, err := s.Builds.Create(ctx, kv.BuildKey("debian", id), &kv.ImageBuild{Image: "debian", ID: id, State: kv.ImageReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up := kv.ImageUpload{Image: "debian", BuildID: kv.ImageSeqID(2), Provider: "cloud1", ID: kv.ImageSeqID(1), State: kv.ImageReady}
+	if _, err := s.Uploads.Create(ctx, up.Key(), &up); err != nil {
+		t.Fatal(err)
+	}
+
+	builds, err := s.Builds.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(builds) != 2 || builds[0].Key != "debian.0000000001" {
+		t.Errorf("builds = %+v", builds)
+	}
+	keys, err := s.Uploads.Keys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys, []string{"debian.0000000002.cloud1.0000000001"}) {
+		t.Errorf("upload keys = %v", keys)
+	}
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	images := kv.NewCache(s.Images, log)
+	uploads := kv.NewCache(s.Uploads, log)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = images.Run(ctx) }()
+	go func() { _ = uploads.Run(ctx) }()
+	if err := images.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := uploads.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if images.Len() != 1 || uploads.Len() != 1 {
+		t.Fatalf("caches hold %d images and %d uploads, want 1 and 1", images.Len(), uploads.Len())
+	}
+	// A later change of another kind does not reach the cache.
+	sub := uploads.Subscribe()
+	defer uploads.Unsubscribe(sub)
+	sub.Drain()
+	if _, err := s.Builds.Create(ctx, kv.BuildKey("debian", kv.ImageSeqID(3)), &kv.ImageBuild{Image: "debian", ID: kv.ImageSeqID(3)}); err != nil {
+		t.Fatal(err)
+	}
+	up2 := up
+	up2.ID = kv.ImageSeqID(2)
+	if _, err := s.Uploads.Create(ctx, up2.Key(), &up2); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+	for uploads.Len() < 2 {
+		select {
+		case <-sub.C():
+		case <-deadline:
+			t.Fatal("the new upload did not reach the cache")
+		}
+	}
+	for _, ch := range sub.Drain() {
+		if ch.Key != up.Key() && ch.Key != up2.Key() {
+			t.Errorf("upload cache saw %s", ch.Key)
+		}
+	}
+}
+
+func TestNewestReadyUpload(t *testing.T) {
+	t.Parallel()
+	u := func(build, id string, state kv.ImageState, provider string) kv.ImageUpload {
+		return kv.ImageUpload{Image: "img", BuildID: build, ID: id, State: state, Provider: provider}
+	}
+	uploads := []kv.ImageUpload{
+		u("0000000002", "0000000005", kv.ImageReady, "p1"),
+		u("0000000003", "0000000006", kv.ImageDeleted, "p1"),
+		u("0000000002", "0000000007", kv.ImageReady, "p1"),
+		u("0000000001", "0000000009", kv.ImageReady, "p1"),
+		u("0000000004", "0000000010", kv.ImageReady, "p2"),
+		u("0000000005", "0000000011", kv.ImageUploading, "p1"),
+	}
+	got, ok := kv.NewestReadyUpload(uploads, "img", "p1")
+	if !ok || got.BuildID != "0000000002" || got.ID != "0000000007" {
+		t.Errorf("newest ready upload to p1 = %+v, %v", got, ok)
+	}
+	if _, ok := kv.NewestReadyUpload(uploads, "img", "p3"); ok {
+		t.Error("found an upload to a provider that has none")
+	}
+}
+
+func TestParseBuildName(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		in, image, build string
+		ok               bool
+	}{
+		{"debian-bookworm-0000000003", "debian-bookworm", "0000000003", true},
+		{"debian-0000000001", "debian", "0000000001", true},
+		{"debian", "", "", false},
+		{"debian-", "", "", false},
+		{"-0000000001", "", "", false},
+		{"debian-abc", "", "", false},
+	}
+	for _, c := range cases {
+		image, build, err := kv.ParseBuildName(c.in)
+		if (err == nil) != c.ok || image != c.image || build != c.build {
+			t.Errorf("ParseBuildName(%q) = %q, %q, %v", c.in, image, build, err)
+		}
+	}
+}
