@@ -17,7 +17,7 @@ import (
 )
 
 // Drivers lists the provider drivers this build knows.
-var Drivers = []string{"fake"}
+var Drivers = []string{"fake", "static", "metastatic"}
 
 // Defaults applied to keys left out of nodepool.yaml.
 const (
@@ -81,9 +81,13 @@ type FakeFlavor struct {
 // Pool is an entry of a provider's `pools`.
 type Pool struct {
 	Name       string      `yaml:"name" required:"true"`
-	MaxServers int         `yaml:"max-servers"`
+	MaxServers int         `yaml:"max-servers" notdrivers:"static"`
 	Priority   int         `yaml:"priority"`
-	Labels     []PoolLabel `yaml:"labels"`
+	Labels     []PoolLabel `yaml:"labels" notdrivers:"static"`
+
+	// Nodes are a static pool's hosts; the pool's Labels are derived from
+	// them (see drivers.go).
+	Nodes []StaticNode `yaml:"nodes" drivers:"static"`
 
 	// maxServersSet tells an explicit `max-servers: 0` from an absent key.
 	maxServersSet bool
@@ -95,6 +99,9 @@ type PoolLabel struct {
 	Name       string `yaml:"name" required:"true"`
 	FlavorName string `yaml:"flavor-name" drivers:"fake"`
 	CloudImage string `yaml:"cloud-image" drivers:"fake"`
+
+	// A metastatic label's backing nodes (see drivers.go).
+	MetastaticLabel `yaml:",inline"`
 }
 
 // Unlimited is what MaxServers holds when a pool sets no limit.
@@ -122,6 +129,7 @@ func (l *PoolLabel) decodeYAML(d *decoder, path string, n *yaml.Node) {
 		return
 	}
 	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(l).Elem()})
+	l.MetastaticLabel.noteSet(n)
 }
 
 // removedKeys are Nodepool keys whose job the process settings took over.
@@ -170,6 +178,7 @@ func Parse(file string, data []byte) (*Config, error) {
 	if len(d.errs) == 0 {
 		cfg.applyDefaults()
 		cfg.validate(d, root)
+		cfg.deriveStaticLabels()
 	}
 	if len(d.errs) > 0 {
 		return nil, d.errs
@@ -200,6 +209,7 @@ func (c *Config) applyDefaults() {
 			if pool.Priority == 0 {
 				pool.Priority = DefaultPoolPriority
 			}
+			pool.applyDriverDefaults(p.Driver)
 		}
 	}
 }
@@ -232,6 +242,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 	}
 	provided := map[string]bool{}
 	providers := map[string]int{}
+	staticHosts := map[string]string{} // static host identity -> path of its first entry
 	for i, p := range c.Providers {
 		path := indexPath("providers", i)
 		at := func(rest ...any) *yaml.Node { return line(append([]any{"providers", i}, rest...)...) }
@@ -296,8 +307,12 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 					d.fail(lpath+".flavor-name", pat("labels", k, "flavor-name"), "flavor %q is not defined in this provider's flavors", pl.FlavorName)
 				}
 			}
+			if p.Driver == "static" {
+				c.validateStaticPool(d, ppath, pat, &pool, labels, provided, staticHosts)
+			}
 		}
 	}
+	c.validateMetastatic(d, line)
 	for i, l := range c.Labels {
 		if !provided[l.Name] {
 			d.fail(indexPath("labels", i)+".name", line("labels", i, "name"), "label %q is not provided by any pool; add it to a pool's labels or remove it", l.Name)
