@@ -115,6 +115,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) {
 			return
 		}
 	case kv.NodeUsed, kv.NodeFailed:
+		if reg, ok := lc.l.opts.Providers[n.Provider].(drivers.Registrar); ok && n.State == kv.NodeUsed {
+			lc.reregister(ctx, e.Key, reg)
+			return
+		}
 	default:
 		return
 	}
@@ -137,6 +141,21 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) {
 		return
 	}
 	lc.launch(claimed)
+}
+
+// reregister puts a used node of a Registrar driver (a static host) back in
+// line for service instead of deleting it.
+func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Registrar) {
+	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		if n.State != kv.NodeUsed {
+			return kv.ErrSkip
+		}
+		reg.Reregister(n, time.Now().UTC())
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+		lc.l.log.Warn("could not re-register node", "node", id, "err", err)
+	}
 }
 
 func (lc *lifecycle) running(id string) bool {
@@ -347,7 +366,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
 				return
 			}
-			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() {
+			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
 				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
 				return
 			}
