@@ -77,7 +77,15 @@ func (lc *lifecycle) stop() {
 }
 
 func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
+	uncommitted := false
 	defer func() {
+		if uncommitted {
+			// The claim was not written (the process is stopping, or
+			// the server did not answer): let this or another process
+			// have the change again.
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
 		if err := msg.Ack(); err != nil {
 			lc.l.log.Debug("ack failed; the change will be delivered again", "err", err)
 		}
@@ -95,32 +103,32 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		lc.l.log.Error("node record is not valid; leaving it alone", "node", key, "err", err)
 		return
 	}
-	lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream})
+	uncommitted = lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}) != nil
 }
 
 // reconcile starts whatever work a node in this state needs from this
-// process.
-func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) {
+// process. It returns an error when a claim it should have written was not
+// (the change must be looked at again).
+func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 	n := &e.Value
 	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
-		return
+		return nil
 	}
 	if lc.running(e.Key) {
-		return
+		return nil
 	}
 	me := lc.l.opts.ID
 	switch n.State {
 	case kv.NodeBuilding, kv.NodeDeleting:
 		if n.Launcher != "" && n.Launcher != me && lc.l.alive(n.Launcher) {
-			return
+			return nil
 		}
 	case kv.NodeUsed, kv.NodeFailed:
 		if reg, ok := lc.l.opts.Providers[n.Provider].(drivers.Registrar); ok && n.State == kv.NodeUsed {
-			lc.reregister(ctx, e.Key, reg)
-			return
+			return lc.reregister(ctx, e.Key, reg)
 		}
 	default:
-		return
+		return nil
 	}
 	state := n.State
 	claimed, err := lc.l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
@@ -135,17 +143,19 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) {
 		return nil
 	})
 	if err != nil {
-		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
-			lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
+			return nil
 		}
-		return
+		lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		return err
 	}
 	lc.launch(claimed)
+	return nil
 }
 
 // reregister puts a used node of a Registrar driver (a static host) back in
 // line for service instead of deleting it.
-func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Registrar) {
+func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Registrar) error {
 	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
 		if n.State != kv.NodeUsed {
 			return kv.ErrSkip
@@ -155,7 +165,9 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 	})
 	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
 		lc.l.log.Warn("could not re-register node", "node", id, "err", err)
+		return err
 	}
+	return nil
 }
 
 func (lc *lifecycle) running(id string) bool {
@@ -184,7 +196,7 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node]) {
 			// over; look at the node once more (a launch that failed
 			// leaves it failed, to be deleted).
 			if cur, ok := lc.l.nodes.Get(e.Key); ok && lc.ctx.Err() == nil {
-				lc.reconcile(lc.ctx, cur)
+				_ = lc.reconcile(lc.ctx, cur)
 			}
 		}()
 		if !lc.acquire(ctx, e.Value.Provider) {
@@ -230,7 +242,7 @@ func (lc *lifecycle) resumeOwn(ctx context.Context) {
 		return true
 	})
 	for _, e := range own {
-		lc.reconcile(ctx, e)
+		_ = lc.reconcile(ctx, e)
 	}
 }
 
