@@ -434,3 +434,35 @@ func TestMetastaticTwoLaunchersNeverShareASlot(t *testing.T) {
 	}
 	_ = more
 }
+
+// A slot whose carved node record vanished (deleted by hand, say) is found
+// by cleanup as a leaked instance and freed; the backing node then goes
+// back as usual. Nothing is leaked.
+func TestMetastaticFreesSlotsOfVanishedNodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 0.5\n"))
+	h.startLauncher("l1")
+	nodes := h.requestSmall(2)
+	var bid string
+	for id := range h.backings() {
+		bid = id
+	}
+	e, err := h.b.Nodes.Get(t.Context(), nodes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.b.Nodes.Delete(t.Context(), nodes[0], e.Revision); err != nil {
+		t.Fatal(err)
+	}
+	h.until(15*time.Second, "the slot of the vanished node freed", func() bool {
+		bn, ok := h.nodes.Get(bid)
+		d, _ := backingData(&bn.Value)
+		return ok && d.Used() == 1 && !slices.Contains(d.Allocations, nodes[0])
+	})
+	if err := h.client.Return(t.Context(), nodes[1]); err != nil {
+		t.Fatal(err)
+	}
+	h.until(15*time.Second, "every node, request and instance gone", func() bool {
+		return h.nodes.Len() == 0 && h.requests.Len() == 0 && h.instanceCount("cloud") == 0
+	})
+}
