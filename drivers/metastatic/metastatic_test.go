@@ -100,7 +100,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	backing := &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Labels: []string{"big"}, Provider: "cloud", Pool: "main",
 		InterfaceIP: "10.0.0.7", Username: "zuul", ConnectionType: "ssh", ConnectionPort: 22, HostKeys: []string{"ssh-ed25519 AAAA"},
 		UserData: encodeJSON(BackingData{Owner: me, Pool: "main", Label: "small", Slots: 8, Allocations: make([]string, 8), Taken: now}),
-		Created: now, StateTime: now}
+		Created:  now, StateTime: now}
 	if _, err := b.Nodes.Create(ctx, backing.ID, backing); err != nil {
 		t.Fatal(err)
 	}
