@@ -147,6 +147,9 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 			return nil
 		}
 		lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		if errors.Is(err, kv.ErrBadRecord) {
+			return nil // the change that made it so is handled on its own
+		}
 		return err
 	}
 	lc.launch(claimed)

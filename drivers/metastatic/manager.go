@@ -210,11 +210,21 @@ func (m *manager) cover(ctx context.Context, pl poolLabel, nodes []*kv.Node, ope
 	for i, n := range nodes {
 		ids[i] = n.ID
 	}
+	stillWaiting := func(id string) bool {
+		ce, ok := p.nodes.Get(id)
+		return ok && ce.Value.State == kv.NodeBuilding
+	}
 	for _, r := range open {
 		if len(ids) == 0 {
 			return
 		}
-		if len(r.data.Nodes) >= r.data.Slots {
+		live := 0
+		for _, id := range r.data.Nodes {
+			if stillWaiting(id) {
+				live++
+			}
+		}
+		if live >= r.data.Slots {
 			continue
 		}
 		var added []string
@@ -226,6 +236,8 @@ func (m *manager) cover(ctx context.Context, pl poolLabel, nodes []*kv.Node, ope
 			if !ok {
 				return kv.ErrSkip
 			}
+			// Nodes that stopped waiting (failed, deleted) leave room.
+			d.Nodes = slices.DeleteFunc(d.Nodes, func(id string) bool { return !stillWaiting(id) })
 			room := d.Slots - len(d.Nodes)
 			if room <= 0 {
 				return kv.ErrSkip
