@@ -89,7 +89,7 @@ func (m *manager) pass(ctx context.Context) {
 	waiting := map[string]*kv.Node{}
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := &e.Value
-		if n.Provider != p.cfg.Name || n.State != kv.NodeBuilding || allocated[e.Key] {
+		if n.Provider != p.cfg.Name || n.State != kv.NodeBuilding || allocated[e.Key] || len(n.Labels) == 0 {
 			return true
 		}
 		if d, ok := decodeJSON[CarvedData](n.DriverData); ok && d.Step == StepWaiting {
