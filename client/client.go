@@ -193,6 +193,28 @@ func (c *Client) Return(ctx context.Context, nodeID string) error {
 	return err
 }
 
+// Hold keeps a node out of service until released (deleted) by an
+// operator, its expiry passes, or max-hold-age does. expire 0 means no
+// expiry of its own.
+func (c *Client) Hold(ctx context.Context, nodeID, reason string, expire time.Duration) (kv.Entry[kv.Node], error) {
+	return c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		switch n.State {
+		case kv.NodeReady, kv.NodeInUse, kv.NodeUsed, kv.NodeHold:
+		default:
+			return fmt.Errorf("node %s is %s; only ready, in-use or used nodes can be held", nodeID, n.State)
+		}
+		now := time.Now().UTC()
+		n.SetState(kv.NodeHold, now)
+		n.Comment = reason
+		n.HoldExpiration = nil
+		if expire > 0 {
+			until := now.Add(expire)
+			n.HoldExpiration = &until
+		}
+		return nil
+	})
+}
+
 // DeleteNode asks for a node to be deleted whatever its state (an
 // operator's `nodepool delete`).
 func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {

@@ -32,6 +32,11 @@ const (
 type Config struct {
 	Labels    []Label    `yaml:"labels"`
 	Providers []Provider `yaml:"providers"`
+	// MaxHoldAge bounds how long a held node is kept (0: for ever).
+	MaxHoldAge Duration `yaml:"max-hold-age"`
+	// TenantResourceLimits caps what each tenant's nodes may hold, across
+	// every provider.
+	TenantResourceLimits []TenantLimit `yaml:"tenant-resource-limits"`
 
 	// File is the path the configuration was read from.
 	File string `yaml:"-"`
@@ -41,6 +46,17 @@ type Config struct {
 type Label struct {
 	Name     string `yaml:"name" required:"true"`
 	MinReady int    `yaml:"min-ready"`
+	// MaxReadyAge deletes unallocated ready nodes older than this (0: keep).
+	MaxReadyAge Duration `yaml:"max-ready-age"`
+}
+
+// TenantLimit is an entry of `tenant-resource-limits`; a zero limit is no
+// limit.
+type TenantLimit struct {
+	TenantName string `yaml:"tenant-name" required:"true"`
+	MaxServers int    `yaml:"max-servers"`
+	MaxCores   int    `yaml:"max-cores"`
+	MaxRAM     int    `yaml:"max-ram"`
 }
 
 // Provider is an entry of `providers`. Keys tagged with `drivers` exist only
@@ -52,16 +68,22 @@ type Provider struct {
 	BootTimeout    Duration `yaml:"boot-timeout"`
 	LaunchTimeout  Duration `yaml:"launch-timeout"`
 	MaxConcurrency int      `yaml:"max-concurrency"`
-	Pools          []Pool   `yaml:"pools"`
+	// Rate is the most API calls per second to the provider, all
+	// launcher processes together (0: no limit).
+	Rate  float64 `yaml:"rate"`
+	Pools []Pool  `yaml:"pools"`
 
 	// The fake driver's simulated cloud.
-	Cloud       string       `yaml:"cloud" drivers:"fake"`
-	BootDelay   Duration     `yaml:"boot-delay" drivers:"fake"`
-	DeleteDelay Duration     `yaml:"delete-delay" drivers:"fake"`
-	APIDelay    Duration     `yaml:"api-delay" drivers:"fake"`
-	FailureRate float64      `yaml:"failure-rate" drivers:"fake"`
-	Quota       *CloudQuota  `yaml:"quota" drivers:"fake"`
-	Flavors     []FakeFlavor `yaml:"flavors" drivers:"fake"`
+	Cloud       string   `yaml:"cloud" drivers:"fake"`
+	BootDelay   Duration `yaml:"boot-delay" drivers:"fake"`
+	DeleteDelay Duration `yaml:"delete-delay" drivers:"fake"`
+	APIDelay    Duration `yaml:"api-delay" drivers:"fake"`
+	FailureRate float64  `yaml:"failure-rate" drivers:"fake"`
+	// APIRateLimit makes the simulated cloud refuse calls beyond this many
+	// per second from all clients together (0: no limit).
+	APIRateLimit float64      `yaml:"api-rate-limit" drivers:"fake"`
+	Quota        *CloudQuota  `yaml:"quota" drivers:"fake"`
+	Flavors      []FakeFlavor `yaml:"flavors" drivers:"fake"`
 }
 
 // CloudQuota is a simulated cloud's limits; zero means unlimited.
@@ -82,6 +104,8 @@ type FakeFlavor struct {
 type Pool struct {
 	Name       string      `yaml:"name" required:"true"`
 	MaxServers int         `yaml:"max-servers" notdrivers:"static"`
+	MaxCores   int         `yaml:"max-cores" notdrivers:"static"`
+	MaxRAM     int         `yaml:"max-ram" notdrivers:"static"`
 	Priority   int         `yaml:"priority"`
 	Labels     []PoolLabel `yaml:"labels" notdrivers:"static"`
 
@@ -259,6 +283,12 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 		if p.MaxConcurrency < 0 {
 			d.fail(path+".max-concurrency", at("max-concurrency"), "expected 0 (unlimited) or more, got %d", p.MaxConcurrency)
 		}
+		if p.Rate < 0 {
+			d.fail(path+".rate", at("rate"), "expected 0 (no limit) or more calls per second, got %g", p.Rate)
+		}
+		if p.APIRateLimit < 0 {
+			d.fail(path+".api-rate-limit", at("api-rate-limit"), "expected 0 (no limit) or more calls per second, got %g", p.APIRateLimit)
+		}
 		if p.FailureRate < 0 || p.FailureRate > 1 {
 			d.fail(path+".failure-rate", at("failure-rate"), "expected a number from 0 to 1, got %g", p.FailureRate)
 		}
@@ -289,6 +319,9 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 			if pool.MaxServers < 0 {
 				d.fail(ppath+".max-servers", pat("max-servers"), "expected 0 or more, got %d", pool.MaxServers)
 			}
+			if pool.MaxCores < 0 || pool.MaxRAM < 0 {
+				d.fail(ppath, pat(), "max-cores and max-ram must be 0 (no limit) or more")
+			}
 			if pool.Priority < 0 {
 				d.fail(ppath+".priority", pat("priority"), "expected 0 or more, got %d", pool.Priority)
 			}
@@ -313,6 +346,17 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 		}
 	}
 	c.validateMetastatic(d, line)
+	tenants := map[string]bool{}
+	for i, tl := range c.TenantResourceLimits {
+		path := indexPath("tenant-resource-limits", i)
+		if tenants[tl.TenantName] {
+			d.fail(path+".tenant-name", line("tenant-resource-limits", i, "tenant-name"), "tenant %q is listed twice", tl.TenantName)
+		}
+		tenants[tl.TenantName] = true
+		if tl.MaxServers < 0 || tl.MaxCores < 0 || tl.MaxRAM < 0 {
+			d.fail(path, line("tenant-resource-limits", i), "limits must be 0 (no limit) or more")
+		}
+	}
 	for i, l := range c.Labels {
 		if !provided[l.Name] {
 			d.fail(indexPath("labels", i)+".name", line("labels", i, "name"), "label %q is not provided by any pool; add it to a pool's labels or remove it", l.Name)
@@ -405,4 +449,14 @@ func (p *Provider) Flavor(name string) (FakeFlavor, bool) {
 func IsErrors(err error) bool {
 	var es Errors
 	return errors.As(err, &es)
+}
+
+// TenantLimit returns the limits of a tenant, if it has any.
+func (c *Config) TenantLimit(tenant string) (TenantLimit, bool) {
+	for _, tl := range c.TenantResourceLimits {
+		if tl.TenantName == tenant {
+			return tl, true
+		}
+	}
+	return TenantLimit{}, false
 }

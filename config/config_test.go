@@ -65,9 +65,9 @@ func TestParseErrors(t *testing.T) {
 		yaml string
 		want []string // each must appear in the error text
 	}{
-		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: labels, providers"}},
+		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: labels, max-hold-age, providers, tenant-resource-limits"}},
 		{"zookeeper", "zookeeper-servers: []\nlabels: []\n", []string{"zookeeper-servers: NATS replaces ZooKeeper: set NODEPOOL_NATS_URL instead"}},
-		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{"labels[0].minready: unknown key; expected one of: min-ready, name"}},
+		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{"labels[0].minready: unknown key; expected one of: max-ready-age, min-ready, name"}},
 		{"wrong type", strings.Replace(valid, "max-servers: 5", "max-servers: five", 1), []string{`providers[0].pools[0].max-servers: expected an integer, got "five"`}},
 		{"wrong type list", "labels: {name: a}\n", []string{"labels: expected a list, got a mapping"}},
 		{"bad duration", strings.Replace(valid, "boot-delay: 0.5", "boot-delay: soon", 1), []string{`providers[0].boot-delay: expected a duration`}},

@@ -3,6 +3,7 @@ package consumers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -64,6 +65,7 @@ func (c *cleanup) run(ctx context.Context) {
 		case <-tick.C:
 		}
 		c.handBack(ctx)
+		c.expire(ctx)
 		c.requests(ctx)
 		for name, drv := range c.l.opts.Providers {
 			c.leaks(ctx, &wg, name, drv)
@@ -97,6 +99,64 @@ func (c *cleanup) handBack(ctx context.Context) {
 		})
 		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 			l.log.Warn("could not hand back node", "node", id, "err", err)
+		}
+	}
+}
+
+// expire deletes nodes past their time: unallocated ready nodes older than
+// their label's max-ready-age, held nodes past hold_expiration or
+// max-hold-age, in-use nodes whose holder let lease_until pass.
+func (c *cleanup) expire(ctx context.Context) {
+	l := c.l
+	now := time.Now().UTC()
+	maxReady := map[string]time.Duration{}
+	for _, lb := range l.opts.Config.Labels {
+		if lb.MaxReadyAge > 0 {
+			maxReady[lb.Name] = lb.MaxReadyAge.D()
+		}
+	}
+	expired := func(n *kv.Node) string {
+		switch n.State {
+		case kv.NodeReady:
+			if len(n.Labels) > 0 && n.AllocatedTo == "" {
+				if age, ok := maxReady[n.Labels[0]]; ok && now.Sub(n.StateTime) > age {
+					return fmt.Sprintf("ready for longer than max-ready-age %s", age)
+				}
+			}
+		case kv.NodeHold:
+			if n.HoldExpiration != nil && now.After(*n.HoldExpiration) {
+				return "hold expired at " + n.HoldExpiration.Format(time.RFC3339)
+			}
+			if age := l.opts.Config.MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
+				return fmt.Sprintf("held for longer than max-hold-age %s", age)
+			}
+		case kv.NodeInUse:
+			if n.LeaseUntil != nil && now.After(*n.LeaseUntil) {
+				return "lease of " + n.Holder + " ran out at " + n.LeaseUntil.Format(time.RFC3339)
+			}
+		}
+		return ""
+	}
+	var due []string
+	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if expired(&e.Value) != "" {
+			due = append(due, e.Key)
+		}
+		return true
+	})
+	for _, id := range due {
+		_, err := l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			why := expired(n)
+			if why == "" {
+				return kv.ErrSkip
+			}
+			l.log.Info("deleting node", "node", id, "state", n.State, "why", why)
+			n.SetState(kv.NodeDeleting, now)
+			n.Launcher, n.DriverData, n.Reason = "", nil, why
+			return nil
+		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not delete expired node", "node", id, "err", err)
 		}
 	}
 }

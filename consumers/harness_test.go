@@ -16,6 +16,7 @@ import (
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
+	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -37,9 +38,10 @@ type harness struct {
 	cfg    *config.Config
 	client *client.Client
 
-	nodes     *kv.Cache[kv.Node]
-	requests  *kv.Cache[kv.Request]
-	instances map[string]*kv.Cache[fake.InstanceRecord] // by cloud
+	nodes      *kv.Cache[kv.Node]
+	requests   *kv.Cache[kv.Request]
+	components *kv.Cache[kv.Component]
+	instances  map[string]*kv.Cache[fake.InstanceRecord] // by cloud
 }
 
 func testLog(t testing.TB) *slog.Logger {
@@ -49,12 +51,18 @@ func testLog(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func newHarness(t *testing.T, yaml string) *harness {
+func parseConfig(t *testing.T, yaml string) *config.Config {
 	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
+	return cfg
+}
+
+func newHarness(t *testing.T, yaml string) *harness {
+	t.Helper()
+	cfg := parseConfig(t, yaml)
 	srv := natstest.Start(t)
 	return newHarnessOn(t, srv, cfg)
 }
@@ -76,9 +84,11 @@ func newHarnessOn(t *testing.T, srv *natstest.Server, cfg *config.Config) *harne
 	}
 	h := &harness{t: t, srv: srv, js: js, b: b, cfg: cfg, client: c,
 		nodes: kv.NewCache(b.Nodes, testLog(t)), requests: kv.NewCache(b.Requests, testLog(t)),
-		instances: map[string]*kv.Cache[fake.InstanceRecord]{}}
+		components: kv.NewCache(b.Components, testLog(t)),
+		instances:  map[string]*kv.Cache[fake.InstanceRecord]{}}
 	runCache(t, h.nodes)
 	runCache(t, h.requests)
+	runCache(t, h.components)
 	for _, p := range cfg.Providers {
 		if p.Driver != "fake" || h.instances[p.Cloud] != nil {
 			continue
@@ -113,8 +123,9 @@ func runCache[T any](t *testing.T, c *kv.Cache[T]) {
 // launcher is a launcher running in this test process.
 type launcher struct {
 	*consumers.Launcher
-	cancel context.CancelFunc
-	done   chan struct{}
+	Providers map[string]drivers.Provider
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 // Stop shuts the launcher down cleanly and waits.
@@ -127,10 +138,15 @@ func (l *launcher) Stop() {
 // stopped when the test ends.
 func (h *harness) startLauncher(id string) *launcher {
 	h.t.Helper()
-	nc, js := h.srv.Connect(h.t)
-	_ = nc
+	return h.startLauncherWith(id, h.cfg)
+}
+
+// startLauncherWith runs a launcher with a configuration of its own.
+func (h *harness) startLauncherWith(id string, cfg *config.Config) *launcher {
+	h.t.Helper()
+	_, js := h.srv.Connect(h.t)
 	ctx, cancel := context.WithCancel(context.Background())
-	providers, err := service.NewProviders(ctx, js, h.cfg, 1, testLog(h.t))
+	providers, err := service.NewProviders(ctx, js, cfg, 1, testLog(h.t))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -139,13 +155,13 @@ func (h *harness) startLauncher(id string) *launcher {
 		h.t.Fatal(err)
 	}
 	l, err := consumers.NewLauncher(js, b, consumers.Options{
-		ID: id, Config: h.cfg, Providers: providers, LeaseTTL: leaseTTL,
+		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
 		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
 	})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	tl := &launcher{Launcher: l, cancel: cancel, done: make(chan struct{})}
+	tl := &launcher{Launcher: l, Providers: providers, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(tl.done)
 		if err := l.Run(ctx); err != nil {
@@ -168,6 +184,8 @@ func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 	defer h.nodes.Unsubscribe(subsN)
 	subsR := h.requests.Subscribe()
 	defer h.requests.Unsubscribe(subsR)
+	subsC := h.components.Subscribe()
+	defer h.components.Unsubscribe(subsC)
 	// Instance changes of every cloud come through one channel.
 	inst := make(chan struct{}, 1)
 	stop := make(chan struct{})
@@ -195,6 +213,7 @@ func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 	for {
 		subsN.Drain()
 		subsR.Drain()
+		subsC.Drain()
 		if cond() {
 			return
 		}
@@ -203,9 +222,16 @@ func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
 		case <-subsN.C():
 		case <-subsR.C():
+		case <-subsC.C():
 		case <-inst:
 		}
 	}
+}
+
+// waitLaunchers waits until n launchers are live.
+func (h *harness) waitLaunchers(n int) {
+	h.t.Helper()
+	h.until(10*time.Second, fmt.Sprintf("%d live launchers", n), func() bool { return h.components.Len() == n })
 }
 
 // dump describes the records, for failure messages.

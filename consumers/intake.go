@@ -155,22 +155,32 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 	case perr != nil:
 		rec.State, rec.Reason = kv.RequestFailed, perr.Error()
 	default:
-		if unknown := l.unknownLabels(rec.Labels); len(unknown) > 0 {
+		if unknown, known := l.unknownLabels(rec.Labels); len(unknown) > 0 {
 			rec.State = kv.RequestFailed
-			rec.Reason = fmt.Sprintf("unknown label(s) %s; this nodepool provides: %s",
-				strings.Join(unknown, ", "), strings.Join(l.opts.Config.LabelNames(), ", "))
+			rec.Reason = fmt.Sprintf("unknown label(s) %s; the live launchers provide: %s",
+				strings.Join(unknown, ", "), strings.Join(known, ", "))
 		}
 	}
 	return rec
 }
 
-func (l *Launcher) unknownLabels(labels []string) []string {
-	known := l.opts.Config.LabelNames()
-	var unknown []string
+// unknownLabels lists the labels that neither this launcher's
+// configuration nor any live launcher's pools provide (launchers may run
+// different configurations), and the labels that are known.
+func (l *Launcher) unknownLabels(labels []string) (unknown, known []string) {
+	known = l.opts.Config.LabelNames()
+	for _, p := range l.livePools() {
+		for _, lb := range p.Labels {
+			if !slices.Contains(known, lb) {
+				known = append(known, lb)
+			}
+		}
+	}
 	for _, lb := range labels {
 		if !slices.Contains(known, lb) && !slices.Contains(unknown, lb) {
 			unknown = append(unknown, lb)
 		}
 	}
-	return unknown
+	slices.Sort(known)
+	return unknown, known
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
@@ -56,6 +57,16 @@ type Launcher struct {
 
 	lifecycle *lifecycle
 	metrics   *Metrics
+
+	// paused holds the pools this process leads that wait on quota; a
+	// change is announced at once through beat.
+	pausedMu sync.Mutex
+	paused   map[string]bool
+	beat     chan struct{}
+
+	// limiters pace each provider's API calls; every live launcher takes
+	// an equal share of the provider's rate.
+	limiters map[string]*rate.Limiter
 }
 
 // NewLauncher prepares a launcher; Run starts it.
@@ -81,6 +92,17 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		opts.Log = slog.Default()
 	}
 	log := opts.Log.With("launcher", opts.ID)
+	providers := make(map[string]drivers.Provider, len(opts.Providers))
+	limiters := map[string]*rate.Limiter{}
+	for name, p := range opts.Providers {
+		providers[name] = p
+		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
+			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
+			limiters[name] = lim
+			providers[name] = drivers.RateLimited(p, lim)
+		}
+	}
+	opts.Providers = providers
 	l := &Launcher{
 		opts:       opts,
 		js:         js,
@@ -90,6 +112,9 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
 		metrics:    NewMetrics(),
+		paused:     map[string]bool{},
+		beat:       make(chan struct{}, 1),
+		limiters:   limiters,
 	}
 	l.lifecycle = newLifecycle(l)
 	return l, nil
@@ -130,6 +155,9 @@ func (l *Launcher) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
+	if len(l.limiters) > 0 {
+		wg.Go(func() { l.shareRates(ctx) })
+	}
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -152,7 +180,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 		}
 	}
 	for name, drv := range l.opts.Providers {
-		if m, ok := drv.(drivers.Manager); ok {
+		if m, ok := drivers.As[drivers.Manager](drv); ok {
 			lease := kv.NewLease(l.b.Locks, "provider."+name, l.opts.ID, l.opts.LeaseTTL, l.log)
 			wg.Go(func() { lease.Elect(ctx, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }) })
 		}
@@ -190,9 +218,11 @@ func (l *Launcher) component() *kv.Component {
 	host, _ := os.Hostname()
 	c := &kv.Component{ID: l.opts.ID, Roles: []string{config.RoleLauncher}, Hostname: host, PID: os.Getpid(),
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
+	l.pausedMu.Lock()
+	defer l.pausedMu.Unlock()
 	for _, p := range l.opts.Config.Providers {
 		for _, pool := range p.Pools {
-			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority}
+			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
 			for _, pl := range pool.Labels {
 				cp.Labels = append(cp.Labels, pl.Name)
 			}
@@ -230,6 +260,21 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 	return nil
 }
 
+// setPaused records whether a pool this process leads waits on quota, and
+// announces a change at once.
+func (l *Launcher) setPaused(ref string, paused bool) {
+	l.pausedMu.Lock()
+	changed := l.paused[ref] != paused
+	l.paused[ref] = paused
+	l.pausedMu.Unlock()
+	if changed {
+		select {
+		case l.beat <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (l *Launcher) keepHeartbeat(ctx context.Context) {
 	t := time.NewTicker(l.opts.LeaseTTL / 3)
 	defer t.Stop()
@@ -237,12 +282,50 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-l.beat:
+			if err := l.heartbeat(ctx); err != nil && ctx.Err() == nil {
+				l.log.Warn("heartbeat failed", "err", err)
+			}
 		case <-t.C:
 			hctx, cancel := context.WithTimeout(ctx, l.opts.LeaseTTL/3)
 			if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
 				l.log.Warn("heartbeat failed", "err", err)
 			}
 			cancel()
+		}
+	}
+}
+
+// shareRates gives this process its share of each provider's rate: the
+// rate divided by the number of live launchers serving the provider, so
+// that all of them together stay within it.
+func (l *Launcher) shareRates(ctx context.Context) {
+	sub := l.components.Subscribe()
+	defer l.components.Unsubscribe(sub)
+	for {
+		sub.Drain()
+		for name, lim := range l.limiters {
+			pc, _ := l.opts.Config.Provider(name)
+			n := 0
+			l.components.Range(func(e *kv.Entry[kv.Component]) bool {
+				for _, p := range e.Value.Pools {
+					if p.Provider == name {
+						n++
+						break
+					}
+				}
+				return true
+			})
+			share := rate.Limit(pc.Rate / float64(max(n, 1)))
+			if lim.Limit() != share {
+				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
+				lim.SetLimit(share)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-sub.C():
 		}
 	}
 }
@@ -254,14 +337,19 @@ func (l *Launcher) alive(id string) bool {
 }
 
 // livePools lists the pools served by live launchers, with their
-// announcement (the first one found per pool).
+// announcement; a pool is paused if its leader says so.
 func (l *Launcher) livePools() map[string]kv.ComponentPool {
 	out := map[string]kv.ComponentPool{}
 	l.components.Range(func(e *kv.Entry[kv.Component]) bool {
 		for _, p := range e.Value.Pools {
 			ref := kv.PoolRef(p.Provider, p.Pool)
-			if _, ok := out[ref]; !ok {
+			prev, ok := out[ref]
+			if !ok {
 				out[ref] = p
+			} else if p.Paused && !prev.Paused {
+				// Only the pool's leader knows; any report of a pause wins.
+				prev.Paused = true
+				out[ref] = prev
 			}
 		}
 		return true

@@ -77,54 +77,98 @@ func (lc *lifecycle) stop() {
 }
 
 func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
-	uncommitted := false
-	defer func() {
-		if uncommitted {
-			// The claim was not written (the process is stopping, or
-			// the server did not answer): let this or another process
-			// have the change again.
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		if err := msg.Ack(); err != nil {
-			lc.l.log.Debug("ack failed; the change will be delivered again", "err", err)
-		}
-	}()
 	if op := msg.Headers().Get("KV-Operation"); op != "" {
-		return // deleted or purged: nothing left to do
+		lc.ack(msg) // deleted or purged: nothing left to do
+		return
 	}
 	meta, err := msg.Metadata()
 	if err != nil {
+		lc.ack(msg)
 		return
 	}
 	key := strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+".")
 	n, err := kv.Decode[kv.Node](key, msg.Data())
 	if err != nil {
 		lc.l.log.Error("node record is not valid; leaving it alone", "node", key, "err", err)
+		lc.ack(msg)
 		return
 	}
-	uncommitted = lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}) != nil
+	switch err := lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}); {
+	case errors.Is(err, errFull), errors.Is(err, errNotMine):
+		// This process launches as much as max-concurrency allows, or
+		// does not have the node's provider: let another process take it
+		// (or this one, when a slot frees).
+		delay := time.Duration(min(meta.NumDelivered, 10)) * 100 * time.Millisecond
+		if err := msg.NakWithDelay(delay); err != nil {
+			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
+		}
+		return
+	case err != nil:
+		// The claim was not written (the process is stopping, or the
+		// server did not answer): let this or another process have the
+		// change again.
+		if err := msg.NakWithDelay(time.Second); err != nil {
+			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
+		}
+		return
+	}
+	lc.ack(msg)
 }
 
+func (lc *lifecycle) ack(msg jetstream.Msg) {
+	if err := msg.Ack(); err != nil {
+		lc.l.log.Debug("ack failed; the change will be delivered again", "err", err)
+	}
+}
+
+// errFull: this process has no launch slot free for the provider.
+var errFull = errors.New("launch slots full")
+
+// errNotMine: the node needs work from a launcher that has its provider.
+var errNotMine = errors.New("provider not configured here")
+
 // reconcile starts whatever work a node in this state needs from this
-// process. It returns an error when a claim it should have written was not
+// process. It returns errFull when the node needs a launch and this process
+// has no launch slot free, errNotMine when this process lacks the node's
+// provider, and another error when a claim it should have written was not
 // (the change must be looked at again).
 func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 	n := &e.Value
-	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
-		return nil
-	}
 	if lc.running(e.Key) {
 		return nil
 	}
 	me := lc.l.opts.ID
+	needsWork := n.State == kv.NodeUsed || n.State == kv.NodeFailed ||
+		((n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && (n.Launcher == "" || n.Launcher == me || !lc.l.alive(n.Launcher)))
+	if !needsWork {
+		return nil
+	}
+	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
+		// Launchers may run different configurations: leave the node to
+		// one that has its provider.
+		return errNotMine
+	}
+	slot := false // a launch slot taken for this node
+	defer func() {
+		if slot {
+			lc.release(n.Provider)
+		}
+	}()
 	switch n.State {
 	case kv.NodeBuilding, kv.NodeDeleting:
 		if n.Launcher != "" && n.Launcher != me && lc.l.alive(n.Launcher) {
 			return nil
 		}
+		if n.State == kv.NodeBuilding && n.Launcher != me {
+			// Take a launch slot before claiming, so that a process never
+			// claims more launches than it runs.
+			if !lc.tryAcquire(n.Provider) {
+				return errFull
+			}
+			slot = true
+		}
 	case kv.NodeUsed, kv.NodeFailed:
-		if reg, ok := lc.l.opts.Providers[n.Provider].(drivers.Registrar); ok && n.State == kv.NodeUsed {
+		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok && n.State == kv.NodeUsed {
 			return lc.reregister(ctx, e.Key, reg)
 		}
 	default:
@@ -152,7 +196,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 		}
 		return err
 	}
-	lc.launch(claimed)
+	lc.launch(claimed, slot)
+	slot = false // launch owns it now
 	return nil
 }
 
@@ -173,6 +218,20 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 	return nil
 }
 
+// tryAcquire takes a launch slot of a provider if one is free.
+func (lc *lifecycle) tryAcquire(provider string) bool {
+	sem := lc.sems[provider]
+	if sem == nil {
+		return true
+	}
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
 func (lc *lifecycle) running(id string) bool {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
@@ -181,10 +240,15 @@ func (lc *lifecycle) running(id string) bool {
 }
 
 // launch starts the machine a claimed node needs, unless one runs already.
-func (lc *lifecycle) launch(e kv.Entry[kv.Node]) {
+// slot tells whether the caller already holds a launch slot for it, which
+// the machine then releases.
+func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil {
+		if slot {
+			lc.release(e.Value.Provider)
+		}
 		return
 	}
 	ctx, cancel := context.WithCancel(lc.ctx)
@@ -199,15 +263,17 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node]) {
 			// over; look at the node once more (a launch that failed
 			// leaves it failed, to be deleted).
 			if cur, ok := lc.l.nodes.Get(e.Key); ok && lc.ctx.Err() == nil {
-				_ = lc.reconcile(lc.ctx, cur)
+				lc.reconcile(lc.ctx, cur)
 			}
 		}()
-		if !lc.acquire(ctx, e.Value.Provider) {
-			return
-		}
-		defer lc.release(e.Value.Provider)
 		switch e.Value.State {
 		case kv.NodeBuilding:
+			// max-concurrency bounds launches in flight; deletes free
+			// capacity and are never held back.
+			if !slot && !lc.acquire(ctx, e.Value.Provider) {
+				return
+			}
+			defer lc.release(e.Value.Provider)
 			lc.runCreate(ctx, e)
 		case kv.NodeDeleting:
 			lc.runDelete(ctx, e)
@@ -245,7 +311,7 @@ func (lc *lifecycle) resumeOwn(ctx context.Context) {
 		return true
 	})
 	for _, e := range own {
-		_ = lc.reconcile(ctx, e)
+		lc.reconcile(ctx, e)
 	}
 }
 
@@ -361,9 +427,17 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		case ctx.Err() != nil:
 			return
 		case err != nil && (errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)):
-			// Not a failed attempt: wait for room and try the step again.
+			// Not a failed attempt: wait for room and try the step again,
+			// saying why on the node (once per wait).
 			log.Info("cloud asks to wait", "err", err)
 			l.metrics.CloudWaits.Add(1)
+			if waits == 0 {
+				why := "waiting: " + err.Error()
+				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
+					lc.lostDuringCreate(ctx, id, drv, sm, uerr)
+					return
+				}
+			}
 			if !sleep(ctx, backoff(waits)) {
 				return
 			}

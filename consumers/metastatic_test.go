@@ -33,6 +33,7 @@ providers:
         labels: [big]
   - name: meta
     driver: metastatic
+    rate: 1000 # the driver is wrapped by the rate limiter; its manager still runs
     pools:
       - name: main
         max-servers: 40

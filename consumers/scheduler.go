@@ -34,17 +34,36 @@ type scheduler struct {
 	// never created here; every request is served from them.
 	registered bool
 
+	// sizes is what one node of each label costs against quota.
+	sizes map[string]kv.Resources
+
 	// State of one term as leader.
 	openReqs  map[string]bool // requests in requested or pending state
 	poolNodes map[string]bool // nodes of this pool
+	used      *usage          // what nodes hold, kept up to date
 	busy      map[string]bool // requests and nodes with a job in flight
 	reserved  map[string]bool // ready nodes promised to a request by a job in flight
-	newNodes  map[string]int  // per request: nodes being created by a job in flight
+	newNodes  map[string]inflight
+	cloud     cloudQuota
+	paused    bool
 	jobs      sync.WaitGroup
 	jobSem    chan struct{}
 	doneMu    sync.Mutex
 	done      []jobDone
 	doneC     chan struct{}
+}
+
+// inflight is what a job in flight is creating for a request.
+type inflight struct {
+	tenant string
+	size   kv.Resources
+}
+
+// cloudQuota is the provider's quota as the cloud last reported it, and
+// what instances that are not this provider's hold.
+type cloudQuota struct {
+	limits kv.Resources
+	others kv.Resources
 }
 
 // jobDone is what a finished job hands back to the loop.
@@ -55,11 +74,16 @@ type jobDone struct {
 }
 
 func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *scheduler {
-	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}}
+	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
+		size, err := l.opts.Providers[prov.Name].QuotaForLabel(pool.Name, pl.Name)
+		if err != nil || size.Instances == 0 {
+			size.Instances = 1
+		}
+		s.sizes[pl.Name] = size
 	}
-	_, s.registered = l.opts.Providers[prov.Name].(drivers.Registrar)
+	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])
 	s.log = l.log.With("pool", s.ref)
 	return s
 }
@@ -70,9 +94,23 @@ func (s *scheduler) run(ctx context.Context) {
 	s.log.Info("leading pool")
 	defer s.log.Info("no longer leading pool")
 	s.openReqs, s.poolNodes = map[string]bool{}, map[string]bool{}
-	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]int{}
+	s.used = newUsage(s.prov.Name, s.pool.Name)
+	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]inflight{}
 	s.jobSem = make(chan struct{}, 64)
 	s.done, s.doneC = nil, make(chan struct{}, 1)
+	s.paused = false
+	defer s.l.setPaused(s.ref, false)
+
+	// The cloud's view of quota is read before the first decision, then
+	// now and then, not on every pass.
+	s.cloud = cloudQuota{limits: kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}}
+	if q, err := s.readCloudQuota(ctx); err == nil {
+		s.cloud = q
+	} else if ctx.Err() == nil {
+		s.log.Warn("could not read the cloud's quota; going on without it", "err", err)
+	}
+	quotaC := make(chan cloudQuota, 1)
+	go s.watchCloudQuota(ctx, quotaC)
 
 	reqSub := s.l.requests.Subscribe()
 	defer s.l.requests.Unsubscribe(reqSub)
@@ -102,6 +140,8 @@ func (s *scheduler) run(ctx context.Context) {
 		case <-compSub.C():
 		case <-s.doneC:
 		case <-tick.C:
+		case q := <-quotaC:
+			s.cloud = q
 		}
 	}
 }
@@ -114,7 +154,49 @@ func (s *scheduler) indexRequest(ch kv.Change[kv.Request]) {
 	}
 }
 
+// readCloudQuota reads the provider's quota and what instances that are
+// not this provider's hold.
+func (s *scheduler) readCloudQuota(ctx context.Context) (cloudQuota, error) {
+	drv := s.l.opts.Providers[s.prov.Name]
+	limits, err := drv.QuotaLimits(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("reading quota: %w", err)
+	}
+	insts, err := drv.ListInstances(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("listing instances: %w", err)
+	}
+	var others kv.Resources
+	for _, inst := range insts {
+		if inst.Tags[drivers.TagProvider] != s.prov.Name {
+			r := inst.Resources
+			r.Instances = max(r.Instances, 1)
+			others = others.Add(r)
+		}
+	}
+	return cloudQuota{limits: limits, others: others}, nil
+}
+
+// watchCloudQuota reads the cloud's quota every sync interval.
+func (s *scheduler) watchCloudQuota(ctx context.Context, out chan<- cloudQuota) {
+	for sleep(ctx, s.l.opts.SyncInterval) {
+		q, err := s.readCloudQuota(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("could not read the cloud's quota", "err", err)
+			}
+			continue
+		}
+		select {
+		case out <- q:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 func (s *scheduler) indexNode(ch kv.Change[kv.Node]) {
+	s.used.apply(ch)
 	if ch.New != nil && ch.New.Value.Provider == s.prov.Name && ch.New.Value.Pool == s.pool.Name {
 		s.poolNodes[ch.Key] = true
 	} else {
@@ -196,27 +278,42 @@ type slot struct {
 	reuse bool
 }
 
+// headroom is what may be launched now, given the records and the jobs in
+// flight.
+func (s *scheduler) headroom() *headroom {
+	h := &headroom{
+		pool:     poolLimits(s.pool).Sub(s.used.poolUsed),
+		provider: s.cloud.limits.Sub(s.cloud.others).Sub(s.used.provUsed),
+		tenants:  map[string]kv.Resources{},
+	}
+	for _, tl := range s.l.opts.Config.TenantResourceLimits {
+		h.tenants[tl.TenantName] = tenantLimits(tl).Sub(s.used.tenants[tl.TenantName])
+	}
+	for _, in := range s.newNodes {
+		h.take(in.tenant, in.size)
+	}
+	return h
+}
+
 // pass looks at the pool's requests and nodes and starts the jobs they need.
 func (s *scheduler) pass(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
 	l := s.l
-	used := 0
 	free := map[string][]string{} // label -> ready unallocated nodes
 	for id := range s.poolNodes {
 		e, ok := l.nodes.Get(id)
 		if !ok {
 			continue
 		}
-		used++
 		n := &e.Value
-		if s.busy[id] || s.reserved[id] {
+		if s.reserved[id] {
 			continue
 		}
 		if n.AllocatedTo != "" && (n.State == kv.NodeReady || n.State == kv.NodeBuilding) {
 			r, ok := l.requests.Get(n.AllocatedTo)
-			if !ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id) {
+			if !s.busy[id] && (!ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id)) {
 				s.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
 			}
 			continue
@@ -236,12 +333,9 @@ func (s *scheduler) pass(ctx context.Context) {
 			return ea.Value.StateTime.Compare(eb.Value.StateTime)
 		})
 	}
-	capacity := s.pool.MaxServers - used
-	for _, n := range s.newNodes {
-		capacity -= n
-	}
+	room := s.headroom()
 	if s.registered {
-		capacity = 0
+		room.pool = kv.Resources{} // a registered pool never launches
 	}
 
 	var waiting []*kv.Request
@@ -256,7 +350,7 @@ func (s *scheduler) pass(ctx context.Context) {
 		r := e.Value
 		switch {
 		case r.State == kv.RequestPending && r.Provider == s.prov.Name && r.Pool == s.pool.Name:
-			s.checkPending(ctx, &r, free, &capacity)
+			s.checkPending(ctx, &r, free, room)
 		case r.State == kv.RequestRequested && !slices.Contains(r.DeclinedBy, s.ref):
 			waiting = append(waiting, &r)
 		}
@@ -264,24 +358,39 @@ func (s *scheduler) pass(ctx context.Context) {
 	slices.SortFunc(waiting, requestLess)
 
 	live := l.livePools()
-	blocked := false
+	// A request that does not fit waits in its place: it keeps the ready
+	// nodes it would take, and requests behind it for one of its labels (or,
+	// when a tenant limit stops it, of its tenant) wait behind it. Requests
+	// for other labels pass it when they fit.
+	blockedLabels := map[string]bool{}
+	blockedTenants := map[string]bool{}
+	paused := false
 	for _, r := range waiting {
-		if !s.canServe(r) {
-			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID) })
+		if why := s.cannotServe(r); why != "" {
+			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
 			continue
 		}
 		if s.deferred(r, live) {
 			continue
 		}
 		plan, need := s.plan(r, free, nil)
-		if need > capacity || (blocked && need > 0) {
-			// Wait in place: keep the ready nodes this request would take,
-			// and let only requests that need no new node pass it.
-			blocked = true
+		if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
 			continue
 		}
-		capacity -= need
-		s.newNodes[r.ID] = need
+		if ok, by := room.fits(r.Tenant, need); !ok {
+			if strings.HasPrefix(by, "tenant ") {
+				// Only this tenant's requests wait behind it.
+				blockedTenants[r.Tenant] = true
+				continue
+			}
+			for _, lb := range r.Labels {
+				blockedLabels[lb] = true
+			}
+			paused = true
+			continue
+		}
+		room.take(r.Tenant, need)
+		s.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
 		d := jobDone{keys: []string{r.ID}, request: r.ID}
 		for _, sl := range plan {
 			if sl.reuse {
@@ -290,14 +399,18 @@ func (s *scheduler) pass(ctx context.Context) {
 		}
 		s.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
 	}
+	if paused != s.paused {
+		s.paused = paused
+		l.setPaused(s.ref, paused)
+	}
 }
 
 // plan picks, for each label of r (or the given slots only), a ready node
-// of this pool or a new one; free loses the nodes picked. need counts the
-// new nodes.
-func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([]slot, int) {
+// of this pool or a new one; free loses the nodes picked. need is what the
+// new nodes cost.
+func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([]slot, kv.Resources) {
 	var plan []slot
-	need := 0
+	var need kv.Resources
 	for i, label := range r.Labels {
 		if only != nil && !slices.Contains(only, i) {
 			continue
@@ -309,7 +422,7 @@ func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([
 			continue
 		}
 		plan = append(plan, slot{index: i, label: label, node: newNodeID()})
-		need++
+		need = need.Add(s.sizes[label])
 	}
 	return plan, need
 }
@@ -337,14 +450,29 @@ func newNodeID() string {
 	return string(b[:])
 }
 
-// canServe reports whether this pool could ever serve r.
-func (s *scheduler) canServe(r *kv.Request) bool {
+// cannotServe says why this pool could never serve r ("" if it could):
+// a label it does not provide, or more than its whole quota, its
+// provider's whole quota or the tenant's limits.
+func (s *scheduler) cannotServe(r *kv.Request) string {
+	var all kv.Resources
 	for _, label := range r.Labels {
 		if !s.labels[label] {
-			return false
+			return fmt.Sprintf("label %s is not in this pool", label)
+		}
+		all = all.Add(s.sizes[label])
+	}
+	if why, over := exceeds(all, poolLimits(s.pool)); over {
+		return "needs more than the pool's whole quota (" + why + ")"
+	}
+	if why, over := exceeds(all, s.cloud.limits); over {
+		return "needs more than the provider's whole quota (" + why + ")"
+	}
+	if tl, ok := s.l.opts.Config.TenantLimit(r.Tenant); ok {
+		if why, over := exceeds(all, tenantLimits(tl)); over {
+			return "needs more than tenant " + r.Tenant + " may ever hold (" + why + ")"
 		}
 	}
-	return true
+	return ""
 }
 
 // deferred reports whether r should be left to another live pool: the
@@ -359,7 +487,9 @@ func (s *scheduler) deferred(r *kv.Request, live map[string]kv.ComponentPool) bo
 		}
 	}
 	for ref, p := range live {
-		if ref == s.ref || p.Priority >= s.pool.Priority || slices.Contains(r.DeclinedBy, ref) {
+		// A better pool that is paused (at quota) does not hold a request
+		// up: it goes to the next pool that has room.
+		if ref == s.ref || p.Priority >= s.pool.Priority || p.Paused || slices.Contains(r.DeclinedBy, ref) {
 			continue
 		}
 		if r.Provider != "" && p.Provider != r.Provider {
@@ -383,7 +513,7 @@ func providesAll(have, want []string) bool {
 
 // checkPending moves a request this pool claimed along: fulfil it when all
 // its nodes are ready, fail it when one failed, replace nodes that vanished.
-func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, capacity *int) {
+func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) {
 	l := s.l
 	if len(r.Nodes) != len(r.Labels) {
 		// A plan that does not match the labels: plan every slot again.
@@ -415,11 +545,11 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 	}
 	if len(missing) > 0 {
 		plan, need := s.plan(r, free, missing)
-		if need > *capacity {
+		if ok, _ := room.fits(r.Tenant, need); !ok {
 			return
 		}
-		*capacity -= need
-		s.newNodes[r.ID] = need
+		room.take(r.Tenant, need)
+		s.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
 		d := jobDone{keys: []string{r.ID}, request: r.ID}
 		for _, sl := range plan {
 			if sl.reuse {
@@ -446,6 +576,7 @@ func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
 		}
 		r.SetState(kv.RequestPending, now)
 		r.Provider, r.Pool = s.prov.Name, s.pool.Name
+		r.Reason = "" // notes of pools that declined it
 		r.Nodes = make([]string, len(r.Labels))
 		for _, sl := range plan {
 			r.Nodes[sl.index] = sl.node
@@ -582,14 +713,20 @@ func (s *scheduler) fail(ctx context.Context, id, reason string) {
 	}
 }
 
-// decline records that this pool cannot serve a request; the last live pool
-// to decline fails it.
-func (s *scheduler) decline(ctx context.Context, id string) {
+// decline records that this pool cannot serve a request, and why (in the
+// reason, which says why every pool declined when the last one fails it).
+func (s *scheduler) decline(ctx context.Context, id, why string) {
 	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
 			return kv.ErrSkip
 		}
 		r.DeclinedBy = append(r.DeclinedBy, s.ref)
+		note := s.ref + ": " + why
+		if r.Reason == "" {
+			r.Reason = note
+		} else {
+			r.Reason += "; " + note
+		}
 		failIfAllDeclined(r, s.l.livePools(), time.Now().UTC())
 		return nil
 	})
@@ -609,8 +746,11 @@ func failIfAllDeclined(r *kv.Request, live map[string]kv.ComponentPool, now time
 		}
 	}
 	r.SetState(kv.RequestFailed, now)
-	r.Reason = fmt.Sprintf("no pool can serve labels [%s]: declined by every live pool (%s)",
-		strings.Join(r.Labels, " "), strings.Join(r.DeclinedBy, ", "))
+	why := r.Reason
+	if why == "" {
+		why = strings.Join(r.DeclinedBy, ", ")
+	}
+	r.Reason = fmt.Sprintf("no pool can serve labels [%s]: declined by every live pool (%s)", strings.Join(r.Labels, " "), why)
 	return true
 }
 

@@ -234,6 +234,30 @@ func (a *app) returnCmd() *cobra.Command {
 	}
 }
 
+func (a *app) holdCmd() *cobra.Command {
+	var (
+		reason string
+		expire time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "hold NODE...",
+		Short: "Keep nodes out of service (for debugging) until deleted or expired",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if expire < 0 {
+				return fmt.Errorf("--expire: expected a positive duration such as 2h, got %s", expire)
+			}
+			return a.eachNode(cmd.Context(), ids, "held", func(c *client.Client, id string) error {
+				_, err := c.Hold(cmd.Context(), id, reason, expire)
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the node is held (shown in the comment column)")
+	cmd.Flags().DurationVar(&expire, "expire", 0, "delete the node after this long (e.g. 2h); 0 keeps it until deleted or max-hold-age")
+	return cmd
+}
+
 func (a *app) deleteCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "delete NODE...",

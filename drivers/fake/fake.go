@@ -70,6 +70,7 @@ func (r *InstanceRecord) Status(now time.Time) string {
 // simulated cloud it talks to.
 type Provider struct {
 	cfg    *config.Provider
+	api    *kv.Store[apiWindow] // calls per second, when the cloud limits them
 	store  *kv.Store[InstanceRecord]
 	cache  *kv.Cache[InstanceRecord]
 	log    *slog.Logger
@@ -97,7 +98,22 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
 	}
 	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
+	var api *kv.Store[apiWindow]
+	if cfg.APIRateLimit > 0 {
+		ab, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			ab, err = js.KeyValue(ctx, BucketName(cfg.Cloud)+"-api")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
+		}
+		api = kv.NewStore[apiWindow](ab)
+	}
 	p := &Provider{
+		api:   api,
 		cfg:   cfg,
 		store: kv.NewStore[InstanceRecord](bucket),
 		log:   log,
@@ -120,8 +136,18 @@ func (p *Provider) Close() {
 	<-p.done
 }
 
-// apiCall simulates the latency of one cloud API call.
+// apiWindow counts the calls the cloud took in one second, and how many
+// it refused (all seconds' refusals add up in the "refused" key).
+type apiWindow struct {
+	Calls int `json:"calls"`
+}
+
+// apiCall simulates one cloud API call: the cloud's rate limit (shared by
+// every client of the cloud, as a real cloud's is), then its latency.
 func (p *Provider) apiCall(ctx context.Context) error {
+	if err := p.admit(ctx); err != nil {
+		return err
+	}
 	d := p.cfg.APIDelay.D()
 	if d <= 0 {
 		return ctx.Err()
@@ -134,6 +160,52 @@ func (p *Provider) apiCall(ctx context.Context) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// admit counts a call against the cloud's per-second limit.
+func (p *Provider) admit(ctx context.Context) error {
+	if p.api == nil {
+		return nil
+	}
+	key := fmt.Sprintf("s%d", time.Now().Unix())
+	for {
+		e, err := p.api.Get(ctx, key)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			_, err = p.api.Create(ctx, key, &apiWindow{Calls: 1})
+			if errors.Is(err, kv.ErrExists) {
+				continue
+			}
+			return err
+		case err != nil:
+			return err
+		}
+		if float64(e.Value.Calls) >= p.cfg.APIRateLimit {
+			if _, err := p.api.Modify(ctx, "refused", func(w *apiWindow) error { w.Calls++; return nil }); errors.Is(err, kv.ErrNotFound) {
+				_, _ = p.api.Create(ctx, "refused", &apiWindow{Calls: 1})
+			}
+			return fmt.Errorf("%w: cloud %s allows %g calls per second", drivers.ErrRateLimited, p.cfg.Cloud, p.cfg.APIRateLimit)
+		}
+		e.Value.Calls++
+		if _, err := p.api.Update(ctx, key, &e.Value, e.Revision); errors.Is(err, kv.ErrConflict) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		return nil
+	}
+}
+
+// Refused counts the calls the cloud refused for its rate limit.
+func (p *Provider) Refused(ctx context.Context) (int, error) {
+	if p.api == nil {
+		return 0, nil
+	}
+	e, err := p.api.Get(ctx, "refused")
+	if errors.Is(err, kv.ErrNotFound) {
+		return 0, nil
+	}
+	return e.Value.Calls, err
 }
 
 // instanceID derives the instance id from the idempotency token, so that a

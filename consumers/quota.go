@@ -1,0 +1,135 @@
+package consumers
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// nodeSize is what a node holds against quota (at least one instance).
+func nodeSize(n *kv.Node) kv.Resources {
+	r := n.Resources
+	if r.Instances == 0 {
+		r.Instances = 1
+	}
+	return r
+}
+
+// orUnlimited turns a zero limit into no limit.
+func orUnlimited(v int) int {
+	if v <= 0 {
+		return drivers.Unlimited
+	}
+	return v
+}
+
+// poolLimits are the pool's own limits.
+func poolLimits(p *config.Pool) kv.Resources {
+	servers := p.MaxServers
+	if servers == config.Unlimited {
+		servers = drivers.Unlimited
+	}
+	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM)}
+}
+
+func tenantLimits(tl config.TenantLimit) kv.Resources {
+	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM)}
+}
+
+// exceeds reports the first dimension in which need is more than limit.
+func exceeds(need, limit kv.Resources) (string, bool) {
+	switch {
+	case need.Instances > limit.Instances:
+		return fmt.Sprintf("%d servers, limit %d", need.Instances, limit.Instances), true
+	case need.Cores > limit.Cores:
+		return fmt.Sprintf("%d cores, limit %d", need.Cores, limit.Cores), true
+	case need.RAM > limit.RAM:
+		return fmt.Sprintf("%d MB of RAM, limit %d", need.RAM, limit.RAM), true
+	}
+	return "", false
+}
+
+// headroom is what may still be launched now, in every dimension the pool
+// is limited in: its own limits, its provider's quota (what the cloud
+// reports, less instances that are not this provider's and this
+// provider's nodes in every pool) and each tenant's limits.
+type headroom struct {
+	pool     kv.Resources
+	provider kv.Resources
+	tenants  map[string]kv.Resources // only tenants with limits
+}
+
+// fits reports whether need fits now; blockedBy says which limit stops it.
+func (h *headroom) fits(tenant string, need kv.Resources) (ok bool, blockedBy string) {
+	if why, over := exceeds(need, h.pool); over {
+		return false, "pool: " + why
+	}
+	if why, over := exceeds(need, h.provider); over {
+		return false, "provider quota: " + why
+	}
+	if t, limited := h.tenants[tenant]; limited {
+		if why, over := exceeds(need, t); over {
+			return false, "tenant " + tenant + ": " + why
+		}
+	}
+	return true, ""
+}
+
+func (h *headroom) take(tenant string, need kv.Resources) {
+	h.pool = h.pool.Sub(need)
+	h.provider = h.provider.Sub(need)
+	if t, limited := h.tenants[tenant]; limited {
+		h.tenants[tenant] = t.Sub(need)
+	}
+}
+
+// usage keeps running totals of what nodes hold, updated from every node
+// change, so a pass need not add up every node.
+type usage struct {
+	provider string
+	pool     string
+	poolUsed kv.Resources
+	provUsed kv.Resources
+	tenants  map[string]kv.Resources
+}
+
+func newUsage(provider, pool string) *usage {
+	return &usage{provider: provider, pool: pool, tenants: map[string]kv.Resources{}}
+}
+
+// apply accounts for one node change.
+func (u *usage) apply(ch kv.Change[kv.Node]) {
+	if ch.Old != nil {
+		u.add(&ch.Old.Value, kv.Resources{}.Sub(nodeSize(&ch.Old.Value)))
+	}
+	if ch.New != nil {
+		u.add(&ch.New.Value, nodeSize(&ch.New.Value))
+	}
+}
+
+func (u *usage) add(n *kv.Node, size kv.Resources) {
+	if n.Provider == u.provider {
+		u.provUsed = u.provUsed.Add(size)
+		if n.Pool == u.pool {
+			u.poolUsed = u.poolUsed.Add(size)
+		}
+	}
+	if n.Tenant != "" {
+		u.tenants[n.Tenant] = u.tenants[n.Tenant].Add(size)
+	}
+}
+
+// describeNeed prints resources for messages.
+func describeNeed(r kv.Resources) string {
+	parts := []string{fmt.Sprintf("%d servers", r.Instances)}
+	if r.Cores > 0 {
+		parts = append(parts, fmt.Sprintf("%d cores", r.Cores))
+	}
+	if r.RAM > 0 {
+		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,85 @@
+package drivers
+
+import (
+	"context"
+	"encoding/json"
+)
+
+// Limiter paces calls: Wait returns when the next call may go.
+// golang.org/x/time/rate's Limiter is one.
+type Limiter interface {
+	Wait(ctx context.Context) error
+}
+
+// RateLimited wraps a provider so that every call to the cloud (each step
+// of a state machine, each listing, each quota read) first waits for the
+// limiter. Drivers stay free of rate limiting; the launcher decides the
+// rate.
+func RateLimited(p Provider, lim Limiter) Provider { return &limited{Provider: p, lim: lim} }
+
+type limited struct {
+	Provider
+	lim Limiter
+}
+
+func (l *limited) Create(req CreateRequest, state json.RawMessage) (StateMachine, error) {
+	sm, err := l.Provider.Create(req, state)
+	if err != nil {
+		return nil, err
+	}
+	return &limitedMachine{StateMachine: sm, lim: l.lim}, nil
+}
+
+func (l *limited) Delete(externalID string, state json.RawMessage) (StateMachine, error) {
+	sm, err := l.Provider.Delete(externalID, state)
+	if err != nil {
+		return nil, err
+	}
+	return &limitedMachine{StateMachine: sm, lim: l.lim}, nil
+}
+
+func (l *limited) ListInstances(ctx context.Context) ([]Instance, error) {
+	if err := l.lim.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return l.Provider.ListInstances(ctx)
+}
+
+func (l *limited) QuotaLimits(ctx context.Context) (Resources, error) {
+	if err := l.lim.Wait(ctx); err != nil {
+		return Resources{}, err
+	}
+	return l.Provider.QuotaLimits(ctx)
+}
+
+// Unwrap returns the provider underneath.
+func (l *limited) Unwrap() Provider { return l.Provider }
+
+type limitedMachine struct {
+	StateMachine
+	lim Limiter
+}
+
+func (m *limitedMachine) Advance(ctx context.Context) (Step, error) {
+	if err := m.lim.Wait(ctx); err != nil {
+		return Step{}, err
+	}
+	return m.StateMachine.Advance(ctx)
+}
+
+// As finds an optional interface T on a provider or on the providers it
+// wraps (RateLimited wraps).
+func As[T any](p Provider) (T, bool) {
+	for p != nil {
+		if t, ok := p.(T); ok {
+			return t, true
+		}
+		u, ok := p.(interface{ Unwrap() Provider })
+		if !ok {
+			break
+		}
+		p = u.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
