@@ -212,3 +212,49 @@ func waitFor[T any](t *testing.T, c *kv.Cache[T], cond func() bool) {
 		}
 	}
 }
+
+// BenchmarkSlotCycle measures taking a slot of a backing node and freeing
+// it again: two revision-checked updates of the backing node's record on a
+// real server.
+func BenchmarkSlotCycle(b *testing.B) {
+	cfg, err := config.Parse("test.yaml", []byte(testConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := natstest.Start(b)
+	_, js := srv.Connect(b)
+	ctx := b.Context()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := events.Ensure(ctx, js, 1, log); err != nil {
+		b.Fatal(err)
+	}
+	bs, err := kv.Ensure(ctx, js, kv.Options{}, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	me := Requestor("meta")
+	now := time.Now().UTC()
+	if _, err := bs.Nodes.Create(ctx, "backing1", &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Provider: "cloud", Pool: "main",
+		UserData: encodeJSON(BackingData{Owner: me, Pool: "main", Label: "small", Slots: 8, Allocations: make([]string, 8), Taken: now}),
+		Created: now, StateTime: now}); err != nil {
+		b.Fatal(err)
+	}
+	meta, _ := cfg.Provider("meta")
+	p, err := New(ctx, js, meta, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.synced(ctx); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		bid, _, err := p.allocate(ctx, "carved", "main", "small")
+		if err != nil || bid != "backing1" {
+			b.Fatalf("allocate: %q, %v", bid, err)
+		}
+		if err := p.deallocate(ctx, "carved"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -135,3 +135,15 @@ func TestNodeIDsAndReregister(t *testing.T) {
 		t.Errorf("re-registered node = %+v, driver data %+v", n, d)
 	}
 }
+
+// BenchmarkScanHostKeys measures one host check: a handshake per host key
+// algorithm the host has (here ed25519 and ECDSA) on loopback.
+func BenchmarkScanHostKeys(b *testing.B) {
+	srv := sshtest.Start(b, sshtest.Ed25519, sshtest.ECDSA)
+	for b.Loop() {
+		keys, err := ScanHostKeys(b.Context(), srv.Addr(), 5*time.Second)
+		if err != nil || len(keys) != 2 {
+			b.Fatalf("keys %v, err %v", keys, err)
+		}
+	}
+}
