@@ -236,7 +236,7 @@ func BenchmarkSlotCycle(b *testing.B) {
 	now := time.Now().UTC()
 	if _, err := bs.Nodes.Create(ctx, "backing1", &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Provider: "cloud", Pool: "main",
 		UserData: encodeJSON(BackingData{Owner: me, Pool: "main", Label: "small", Slots: 8, Allocations: make([]string, 8), Taken: now}),
-		Created: now, StateTime: now}); err != nil {
+		Created:  now, StateTime: now}); err != nil {
 		b.Fatal(err)
 	}
 	meta, _ := cfg.Provider("meta")
