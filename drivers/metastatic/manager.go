@@ -15,6 +15,9 @@ import (
 // counts as open before its record shows up.
 const filedTimeout = 30 * time.Second
 
+// settle is how long a pass waits for a burst of record changes to end.
+const settle = 20 * time.Millisecond
+
 // failedRequestKeep is how long a failed backing request is kept for the
 // carved nodes waiting for it to read why, at most.
 const failedRequestKeep = 10 * time.Minute
@@ -45,6 +48,11 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-nodeSub.C():
 		case <-reqSub.C():
 		case <-tick.C:
+		} // Let a burst of changes settle into one pass.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settle):
 		}
 	}
 }

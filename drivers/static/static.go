@@ -35,6 +35,9 @@ import (
 // maxRecheck bounds the wait between two checks of a host that failed.
 const maxRecheck = 2 * time.Minute
 
+// settle is how long a pass waits for a burst of record changes to end.
+const settle = 20 * time.Millisecond
+
 // maxParallelChecks bounds the host checks in flight.
 const maxParallelChecks = 16
 
@@ -202,6 +205,11 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-sub.C():
 		case <-tick.C:
 		case <-m.doneC:
+		} // Let a burst of changes settle into one pass.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settle):
 		}
 	}
 }
