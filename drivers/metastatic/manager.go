@@ -48,7 +48,8 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-nodeSub.C():
 		case <-reqSub.C():
 		case <-tick.C:
-		} // Let a burst of changes settle into one pass.
+		}
+		// Let a burst of changes settle into one pass.
 		select {
 		case <-ctx.Done():
 			return

@@ -205,7 +205,8 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-sub.C():
 		case <-tick.C:
 		case <-m.doneC:
-		} // Let a burst of changes settle into one pass.
+		}
+		// Let a burst of changes settle into one pass.
 		select {
 		case <-ctx.Done():
 			return
