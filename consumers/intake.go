@@ -97,7 +97,17 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 		return
 	}
 	rec := l.requestRecord(msg.Data(), meta)
-	_, err = l.requests.Create(ctx, rec.ID, rec)
+	// A message delivered again may have made its record already, and the
+	// requestor may have deleted it since: then only a key that never
+	// existed may be created. An id the stream assigned is unique, so its
+	// key is never created twice either. A client may reuse its own id
+	// after deleting a request, which the first delivery of a new message
+	// allows.
+	create := l.requests.Create
+	if meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
+		create = l.createNewRequest
+	}
+	_, err = create(ctx, rec.ID, rec)
 	switch {
 	case err == nil:
 		l.metrics.RequestsReceived.Add(1)
@@ -117,6 +127,16 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 	if err := msg.Ack(); err != nil {
 		l.log.Debug("ack failed; the message will be delivered again", "err", err)
 	}
+}
+
+func (l *Launcher) createNewRequest(ctx context.Context, id string, r *kv.Request) (kv.Entry[kv.Request], error) {
+	rev, err := l.b.Requests.CreateNew(ctx, id, r)
+	if err != nil {
+		return kv.Entry[kv.Request]{}, err
+	}
+	e := kv.Entry[kv.Request]{Key: id, Value: *r, Revision: rev}
+	l.requests.Apply(e)
+	return e, nil
 }
 
 // requestRecord builds the record of a request message: requested, or

@@ -503,7 +503,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			n = ne.Value
 			saved, savedAttempt = st, n.Attempt
 		}
-		if !sleep(ctx, min(step.Wait, 2*time.Second)) {
+		// Wait as the machine asks, but wake for the boot-timeout.
+		untilTimeout := prov.BootTimeout.D() - time.Since(attemptStart) + time.Millisecond
+		if !sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
 			return
 		}
 	}

@@ -400,30 +400,46 @@ providers:
 	}
 }
 
-// boot-timeout fails an attempt; the instance is deleted before the next;
-// after the last the request fails with the reason.
-func TestBootTimeout(t *testing.T) {
+// boot-timeout fails an attempt and launch-timeout ends the retries; each
+// failed instance is deleted before the next attempt; after the last the
+// request fails with the reason.
+func TestLaunchTimeouts(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
+	cases := []struct {
+		name, keys, reason string
+		attempts           int // instances created; 0: fewer than launch-retries
+	}{
+		{"boot-timeout on every attempt", "boot-timeout: 0.3\n    launch-retries: 2", "after 2 attempt(s): not ready within boot-timeout", 2},
+		{"launch-timeout ends the retries", "boot-timeout: 0.3\n    launch-timeout: 0.5\n    launch-retries: 10", "not ready within boot-timeout", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, fmt.Sprintf(`
 labels: [{name: small}]
 providers:
   - name: c
     driver: fake
     boot-delay: 30
-    boot-timeout: 0.3
-    launch-retries: 2
+    %s
     pools: [{name: p, labels: [small]}]
-`)
-	h.startLauncher("l1")
-	id := h.submit(events.RequestMessage{Labels: []string{"small"}})
-	h.waitDone(20*time.Second, id)
-	r, _ := h.request(id)
-	if r.State != kv.RequestFailed || !strings.Contains(r.Reason, "boot-timeout") || !strings.Contains(r.Reason, "after 2 attempt(s)") {
-		t.Fatalf("request = %s %q", r.State, r.Reason)
-	}
-	h.until(10*time.Second, "nothing left", func() bool { return h.nodes.Len() == 0 && h.instanceCount("c") == 0 })
-	if got := h.instancesEverCreated("c"); got != 2 {
-		t.Errorf("%d instances created, want 2 (one per attempt)", got)
+`, c.keys))
+			h.startLauncher("l1")
+			id := h.submit(events.RequestMessage{Labels: []string{"small"}})
+			h.waitDone(30*time.Second, id)
+			r, _ := h.request(id)
+			if r.State != kv.RequestFailed || !strings.Contains(r.Reason, c.reason) {
+				t.Fatalf("request = %s %q, want failed with %q", r.State, r.Reason, c.reason)
+			}
+			h.until(10*time.Second, "nothing left", func() bool { return h.nodes.Len() == 0 && h.instanceCount("c") == 0 })
+			got := h.instancesEverCreated("c")
+			switch {
+			case c.attempts > 0 && got != c.attempts:
+				t.Errorf("%d instances created, want %d (one per attempt)", got, c.attempts)
+			case c.attempts == 0 && (got < 1 || got >= 10):
+				t.Errorf("%d instances created; launch-timeout should stop retries well before 10", got)
+			}
+		})
 	}
 }
 

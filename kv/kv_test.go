@@ -67,8 +67,19 @@ func TestStoreRevisionChecks(t *testing.T) {
 	if err := s.Delete(ctx, "n1", e.Revision); err != nil {
 		t.Fatal(err)
 	}
+	// CreateNew refuses a key that was deleted (its marker remains);
+	// Create allows it.
+	if _, err := s.CreateNew(ctx, "n1", &kv.Node{ID: "n1"}); !errors.Is(err, kv.ErrExists) {
+		t.Errorf("CreateNew of a deleted key: %v, want ErrExists", err)
+	}
 	if _, err := s.Create(ctx, "n1", &kv.Node{ID: "n1"}); err != nil {
 		t.Errorf("create after delete: %v", err)
+	}
+	if _, err := s.CreateNew(ctx, "n2", &kv.Node{ID: "n2"}); err != nil {
+		t.Errorf("CreateNew of a fresh key: %v", err)
+	}
+	if _, err := s.CreateNew(ctx, "n2", &kv.Node{ID: "n2"}); !errors.Is(err, kv.ErrExists) {
+		t.Errorf("CreateNew of an existing key: %v, want ErrExists", err)
 	}
 }
 

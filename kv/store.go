@@ -95,6 +95,25 @@ func (s *Store[T]) Create(ctx context.Context, key string, v *T) (uint64, error)
 	return rev, nil
 }
 
+// CreateNew writes a new record only if the key never held one, or held one
+// so long ago that its delete marker was purged: a key that was deleted
+// recently counts as existing (ErrExists). It tells a redelivered message
+// from a new one when the record it made may have been deleted since.
+func (s *Store[T]) CreateNew(ctx context.Context, key string, v *T) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("encoding %s/%s: %w", s.kv.Bucket(), key, err)
+	}
+	rev, err := s.kv.Update(ctx, key, data, 0)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, ErrExists)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+	}
+	return rev, nil
+}
+
 // Update writes a record if it is still at revision rev; ErrConflict if not.
 func (s *Store[T]) Update(ctx context.Context, key string, v *T, rev uint64) (uint64, error) {
 	data, err := json.Marshal(v)

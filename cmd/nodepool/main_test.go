@@ -241,9 +241,31 @@ func (r *records) until(timeout time.Duration, what string, cond func() bool) {
 		case <-sr.C():
 		case <-si.C():
 		case <-deadline:
-			r.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			r.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, r.dump())
 		}
 	}
+}
+
+// dump describes the records, for failure messages.
+func (r *records) dump() string {
+	var b strings.Builder
+	r.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		q := e.Value
+		fmt.Fprintf(&b, "request %s %s %v nodes=%v pool=%s/%s reason=%q\n", q.ID, q.State, q.Labels, q.Nodes, q.Provider, q.Pool, q.Reason)
+		return true
+	})
+	r.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := e.Value
+		_, inst := r.instances.Get(n.ExternalID)
+		fmt.Fprintf(&b, "node %s %s %v %s/%s alloc=%q launcher=%q ext=%q (exists %v) age=%s reason=%q\n", n.ID, n.State, n.Labels, n.Provider, n.Pool,
+			n.AllocatedTo, n.Launcher, n.ExternalID, inst, time.Since(n.StateTime).Round(time.Millisecond), n.Reason)
+		return true
+	})
+	r.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+		fmt.Fprintf(&b, "instance %s node=%s\n", e.Key, e.Value.Tags["nodepool_node_id"])
+		return true
+	})
+	return b.String()
 }
 
 func (r *records) count(state kv.NodeState) int {
