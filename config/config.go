@@ -17,7 +17,7 @@ import (
 )
 
 // Drivers lists the provider drivers this build knows.
-var Drivers = []string{"fake"}
+var Drivers = []string{"fake", "static", "metastatic"}
 
 // Defaults applied to keys left out of nodepool.yaml.
 const (
@@ -118,11 +118,15 @@ type FakeFlavor struct {
 // Pool is an entry of a provider's `pools`.
 type Pool struct {
 	Name       string      `yaml:"name" required:"true"`
-	MaxServers int         `yaml:"max-servers"`
-	MaxCores   int         `yaml:"max-cores"`
-	MaxRAM     int         `yaml:"max-ram"`
+	MaxServers int         `yaml:"max-servers" notdrivers:"static"`
+	MaxCores   int         `yaml:"max-cores" notdrivers:"static"`
+	MaxRAM     int         `yaml:"max-ram" notdrivers:"static"`
 	Priority   int         `yaml:"priority"`
-	Labels     []PoolLabel `yaml:"labels"`
+	Labels     []PoolLabel `yaml:"labels" notdrivers:"static"`
+
+	// Nodes are a static pool's hosts; the pool's Labels are derived from
+	// them (see drivers.go).
+	Nodes []StaticNode `yaml:"nodes" drivers:"static"`
 
 	// maxServersSet tells an explicit `max-servers: 0` from an absent key.
 	maxServersSet bool
@@ -136,6 +140,9 @@ type PoolLabel struct {
 	CloudImage string `yaml:"cloud-image" drivers:"fake"`
 	// Diskimage names an image of the provider's diskimages to boot from.
 	Diskimage string `yaml:"diskimage" drivers:"fake"`
+
+	// A metastatic label's backing nodes (see drivers.go).
+	MetastaticLabel `yaml:",inline"`
 }
 
 // Unlimited is what MaxServers holds when a pool sets no limit.
@@ -163,6 +170,7 @@ func (l *PoolLabel) decodeYAML(d *decoder, path string, n *yaml.Node) {
 		return
 	}
 	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(l).Elem()})
+	l.MetastaticLabel.noteSet(n)
 }
 
 // removedKeys are Nodepool keys whose job the process settings took over.
@@ -216,6 +224,7 @@ func Parse(file string, data []byte) (*Config, error) {
 		cfg.applyImageDefaults()
 		cfg.validate(d, root)
 		cfg.validateImages(d, root)
+		cfg.deriveStaticLabels()
 	}
 	if len(d.errs) > 0 {
 		return nil, d.errs
@@ -246,6 +255,7 @@ func (c *Config) applyDefaults() {
 			if pool.Priority == 0 {
 				pool.Priority = DefaultPoolPriority
 			}
+			pool.applyDriverDefaults(p.Driver)
 		}
 	}
 }
@@ -278,6 +288,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 	}
 	provided := map[string]bool{}
 	providers := map[string]int{}
+	staticHosts := map[string]string{} // static host identity -> path of its first entry
 	for i, p := range c.Providers {
 		path := indexPath("providers", i)
 		at := func(rest ...any) *yaml.Node { return line(append([]any{"providers", i}, rest...)...) }
@@ -351,8 +362,12 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 					d.fail(lpath+".flavor-name", pat("labels", k, "flavor-name"), "flavor %q is not defined in this provider's flavors", pl.FlavorName)
 				}
 			}
+			if p.Driver == "static" {
+				c.validateStaticPool(d, ppath, pat, &pool, labels, provided, staticHosts)
+			}
 		}
 	}
+	c.validateMetastatic(d, line)
 	tenants := map[string]bool{}
 	for i, tl := range c.TenantResourceLimits {
 		path := indexPath("tenant-resource-limits", i)

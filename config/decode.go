@@ -250,8 +250,13 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, targets []reflect.Valu
 	}
 }
 
-// fieldApplies reports whether a field is a key for the current driver.
+// fieldApplies reports whether a field is a key for the current driver:
+// `drivers:"a,b"` names the only drivers that have it, `notdrivers:"c"` the
+// drivers that do not.
 func (d *decoder) fieldApplies(f reflect.StructField) bool {
+	if not := f.Tag.Get("notdrivers"); not != "" && slices.Contains(strings.Split(not, ","), d.driver) {
+		return false
+	}
 	drivers := f.Tag.Get("drivers")
 	if drivers == "" {
 		return true

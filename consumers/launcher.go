@@ -192,6 +192,12 @@ func (l *Launcher) Run(ctx context.Context) error {
 			wg.Go(func() { lease.Elect(ctx, s.run) })
 		}
 	}
+	for name, drv := range l.opts.Providers {
+		if m, ok := drivers.As[drivers.Manager](drv); ok {
+			lease := kv.NewLease(l.b.Locks, "provider."+name, l.opts.ID, l.opts.LeaseTTL, l.log)
+			wg.Go(func() { lease.Elect(ctx, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }) })
+		}
+	}
 	mr := newMinReady(l)
 	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
 	wg.Go(func() { mrLease.Elect(ctx, mr.run) })

@@ -102,8 +102,8 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		lc.ack(msg)
 		return
 	}
-	switch lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}) {
-	case errFull, errNotMine:
+	switch err := lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}); {
+	case errors.Is(err, errFull), errors.Is(err, errNotMine):
 		// This process launches as much as max-concurrency allows, or
 		// does not have the node's provider: let another process take it
 		// (or this one, as soon as a slot frees).
@@ -112,6 +112,14 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		delay := time.Duration(min(meta.NumDelivered, 10)) * 100 * time.Millisecond
 		if err := msg.NakWithDelay(delay); err != nil {
+			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
+		}
+		return
+	case err != nil:
+		// The claim was not written (the process is stopping, or the
+		// server did not answer): let this or another process have the
+		// change again.
+		if err := msg.NakWithDelay(time.Second); err != nil {
 			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
 		}
 		return
@@ -133,7 +141,9 @@ var errNotMine = errors.New("provider not configured here")
 
 // reconcile starts whatever work a node in this state needs from this
 // process. It returns errFull when the node needs a launch and this process
-// has no launch slot free.
+// has no launch slot free, errNotMine when this process lacks the node's
+// provider, and another error when a claim it should have written was not
+// (the change must be looked at again).
 func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 	n := &e.Value
 	if lc.running(e.Key) {
@@ -170,6 +180,9 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 			slot = true
 		}
 	case kv.NodeUsed, kv.NodeFailed:
+		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok && n.State == kv.NodeUsed {
+			return lc.reregister(ctx, e.Key, reg)
+		}
 	default:
 		return nil
 	}
@@ -186,13 +199,34 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 		return nil
 	})
 	if err != nil {
-		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
-			lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
+			return nil
 		}
-		return nil
+		lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
+		if errors.Is(err, kv.ErrBadRecord) {
+			return nil // the change that made it so is handled on its own
+		}
+		return err
 	}
 	lc.launch(claimed, slot)
 	slot = false // launch owns it now
+	return nil
+}
+
+// reregister puts a used node of a Registrar driver (a static host) back in
+// line for service instead of deleting it.
+func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Registrar) error {
+	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		if n.State != kv.NodeUsed {
+			return kv.ErrSkip
+		}
+		reg.Reregister(n, time.Now().UTC())
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+		lc.l.log.Warn("could not re-register node", "node", id, "err", err)
+		return err
+	}
 	return nil
 }
 
@@ -468,7 +502,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
 				return
 			}
-			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() {
+			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
 				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
 				return
 			}

@@ -30,6 +30,9 @@ type scheduler struct {
 	ref    string
 	labels map[string]bool
 	log    *slog.Logger
+	// registered: the pool's nodes are registered by its driver (static),
+	// never created here; every request is served from them.
+	registered bool
 
 	// sizes is what one node of each label costs against quota.
 	sizes map[string]kv.Resources
@@ -80,6 +83,7 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 		}
 		s.sizes[pl.Name] = size
 	}
+	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])
 	s.log = l.log.With("pool", s.ref)
 	return s
 }
@@ -318,8 +322,11 @@ func (s *scheduler) pass(ctx context.Context) {
 			}
 			continue
 		}
-		if n.State == kv.NodeReady && n.AllocatedTo == "" && len(n.Labels) > 0 {
-			free[n.Labels[0]] = append(free[n.Labels[0]], id)
+		if n.State == kv.NodeReady && n.AllocatedTo == "" {
+			// A node with several labels (a static host) is free for each.
+			for _, label := range n.Labels {
+				free[label] = append(free[label], id)
+			}
 		}
 	}
 	for label := range free {
@@ -331,6 +338,9 @@ func (s *scheduler) pass(ctx context.Context) {
 		})
 	}
 	room := s.headroom()
+	if s.registered {
+		room.pool = kv.Resources{} // a registered pool never launches
+	}
 
 	var waiting []*kv.Request
 	for id := range s.openReqs {
@@ -412,15 +422,28 @@ func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([
 		if only != nil && !slices.Contains(only, i) {
 			continue
 		}
-		if r.Reuse && len(free[label]) > 0 {
-			plan = append(plan, slot{index: i, label: label, node: free[label][0], reuse: true})
-			free[label] = free[label][1:]
+		if (r.Reuse || s.registered) && len(free[label]) > 0 {
+			id := free[label][0]
+			plan = append(plan, slot{index: i, label: label, node: id, reuse: true})
+			s.takeFree(free, label, id)
 			continue
 		}
 		plan = append(plan, slot{index: i, label: label, node: newNodeID()})
 		need = need.Add(s.sizes[label])
 	}
 	return plan, need
+}
+
+// takeFree removes a node picked for a label from the free lists of every
+// label it has.
+func (s *scheduler) takeFree(free map[string][]string, label, id string) {
+	labels := []string{label}
+	if e, ok := s.l.nodes.Get(id); ok {
+		labels = append(labels, e.Value.Labels...)
+	}
+	for _, l := range labels {
+		free[l] = slices.DeleteFunc(free[l], func(x string) bool { return x == id })
+	}
 }
 
 // newNodeID returns a fresh random node id (13 characters of [0-9a-z]).

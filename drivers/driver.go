@@ -26,6 +26,10 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrRateLimited: the cloud asks to slow down; retry later.
 	ErrRateLimited = errors.New("rate limited")
+	// ErrFatal: the launch cannot succeed by trying again (the backing
+	// node a metastatic node waits for failed, say); the node fails at
+	// once, whatever launch-retries allows.
+	ErrFatal = errors.New("launch cannot succeed")
 )
 
 // Tags that every driver puts on the instances it creates, so that leaked
@@ -119,4 +123,27 @@ type Provider interface {
 	QuotaForLabel(pool, label string) (Resources, error)
 	// Close releases what the provider holds.
 	Close()
+}
+
+// Registrar is implemented by drivers whose nodes are existing machines that
+// the driver registers itself (static) instead of launching one per request.
+// The scheduler never creates nodes in their pools: a request waits for a
+// registered node to be free. A used node is not deleted: the node
+// lifecycle calls Reregister, inside a revision-checked update of the
+// record, to put it back in line for service.
+type Registrar interface {
+	// Reregister turns a used node back into a registered one (for the
+	// static driver: state init, allocation cleared, host key to check).
+	Reregister(n *kv.Node, now time.Time)
+}
+
+// Manager is implemented by drivers that keep records of their own in step
+// (static: the configured hosts' node records; metastatic: backing nodes).
+// The launcher runs Manage in one process at a time, the holder of the
+// lease "provider.<name>"; ctx ends when the lease may be lost or the
+// process stops. interval is the period of the reconciling sweeps.
+// Everything Manage decides is written to records with revision-checked
+// updates, so a new holder carries on from them.
+type Manager interface {
+	Manage(ctx context.Context, interval time.Duration)
 }

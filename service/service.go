@@ -24,6 +24,8 @@ import (
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/drivers/metastatic"
+	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -115,6 +117,10 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 		switch pc.Driver {
 		case "fake":
 			p, err = fake.New(ctx, js, pc, replicas, log)
+		case "static":
+			p, err = static.New(ctx, js, pc, log)
+		case "metastatic":
+			p, err = metastatic.New(ctx, js, pc, log)
 		default:
 			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 		}

@@ -1,0 +1,461 @@
+// Package static hands out existing hosts. Each host of a static pool is
+// registered as max-parallel-jobs node records with fixed ids; before a
+// record goes into service (ready), the host's SSH host keys are gathered
+// by a real handshake and checked against the configured host-key. A used
+// node is registered again instead of deleted; a host that leaves the
+// configuration leaves the pool once its nodes are not in use.
+//
+// The registration runs in one process at a time (the drivers.Manager
+// lease); everything it knows is in the node records, so another process
+// carries on from them.
+package static
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// maxRecheck bounds the wait between two checks of a host that failed.
+const maxRecheck = 2 * time.Minute
+
+// settle is how long a pass waits for a burst of record changes to end.
+const settle = 20 * time.Millisecond
+
+// maxParallelChecks bounds the host checks in flight.
+const maxParallelChecks = 16
+
+// Provider is one static provider.
+type Provider struct {
+	cfg   *config.Provider
+	store *kv.Store[kv.Node]
+	nodes *kv.Cache[kv.Node]
+	log   *slog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New prepares a static provider and starts watching the node records.
+// The buckets must exist.
+func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log *slog.Logger) (*Provider, error) {
+	if cfg.Driver != "static" {
+		return nil, fmt.Errorf("provider %s: driver is %q, not static", cfg.Name, cfg.Driver)
+	}
+	b, err := kv.Open(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
+	}
+	log = log.With("provider", cfg.Name)
+	p := &Provider{cfg: cfg, store: b.Nodes, nodes: kv.NewCache(b.Nodes, log), log: log, done: make(chan struct{})}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	go func() {
+		defer close(p.done)
+		_ = p.nodes.Run(cctx)
+	}()
+	return p, nil
+}
+
+// Close stops watching.
+func (p *Provider) Close() {
+	p.cancel()
+	<-p.done
+}
+
+// NodeData is what a static node keeps in driver_data.
+type NodeData struct {
+	// Host and Slot say which host and which of its max-parallel-jobs
+	// slots the node is.
+	Host string `json:"host"`
+	Slot int    `json:"slot"`
+	// Spec is a digest of the host's configuration when the node was
+	// registered; a node whose host changed is registered again.
+	Spec string `json:"spec"`
+	// Failures counts the checks that failed in a row; NextCheck is when
+	// the host is checked again.
+	Failures  int       `json:"failures,omitempty"`
+	NextCheck time.Time `json:"next_check,omitzero"`
+}
+
+func nodeData(n *kv.Node) NodeData {
+	var d NodeData
+	_ = json.Unmarshal(n.DriverData, &d)
+	return d
+}
+
+func (d NodeData) raw() json.RawMessage {
+	data, _ := json.Marshal(d)
+	return data
+}
+
+// registration is one node a static pool should have: a slot of a host.
+type registration struct {
+	id   string
+	pool string
+	slot int
+	host config.StaticNode
+	spec string
+}
+
+// NodeID is the fixed id of slot n of a host of a pool. A host is who it is
+// by name, username and port (unique in a configuration, as in Nodepool).
+func NodeID(provider, pool string, host *config.StaticNode, slot int) string {
+	sum := sha256.Sum256([]byte(strings.Join([]string{provider, pool, host.Name, host.Username, strconv.Itoa(host.ConnectionPort)}, "\x00")))
+	return fmt.Sprintf("static-%s-%d", hex.EncodeToString(sum[:6]), slot)
+}
+
+// spec digests what a node record takes from its host's configuration
+// (all but max-parallel-jobs, which only adds or removes slots).
+func spec(h *config.StaticNode) string {
+	keys := make([]string, 0, len(h.HostKey))
+	for _, k := range h.HostKey {
+		if nk, err := config.ParseHostKey(k); err == nil {
+			keys = append(keys, nk)
+		}
+	}
+	data, _ := json.Marshal([]any{h.Name, []string(h.Labels), h.Username, h.ConnectionType, h.ConnectionPort, keys, h.ChecksHostKey(), h.Timeout.D()})
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:8])
+}
+
+// registrations lists every node the configuration asks for, by id.
+func (p *Provider) registrations() map[string]registration {
+	out := map[string]registration{}
+	for _, pool := range p.cfg.Pools {
+		for _, h := range pool.Nodes {
+			sp := spec(&h)
+			for slot := range h.MaxParallelJobs {
+				id := NodeID(p.cfg.Name, pool.Name, &h, slot)
+				out[id] = registration{id: id, pool: pool.Name, slot: slot, host: h, spec: sp}
+			}
+		}
+	}
+	return out
+}
+
+// record fills a node record from its registration: everything but the
+// state, the allocation and the host keys.
+func (r *registration) record(n *kv.Node, provider string) {
+	h := &r.host
+	n.ID, n.Provider, n.Pool = r.id, provider, r.pool
+	n.Labels = slices.Clone([]string(h.Labels))
+	n.ExternalID, n.Hostname, n.InterfaceIP = h.Name, h.Name, h.Name
+	n.PublicIPv4, n.PublicIPv6 = "", ""
+	if ip := net.ParseIP(h.Name); ip != nil {
+		if ip.To4() != nil {
+			n.PublicIPv4 = h.Name
+		} else {
+			n.PublicIPv6 = h.Name
+		}
+	}
+	n.Username, n.ConnectionType, n.ConnectionPort = h.Username, h.ConnectionType, h.ConnectionPort
+	n.Resources = kv.Resources{}
+	if n.Attributes == nil {
+		n.Attributes = map[string]string{}
+	}
+}
+
+// Reregister puts a used node back in line: state init, allocation and
+// holder cleared, host to be checked again at once.
+func (p *Provider) Reregister(n *kv.Node, now time.Time) {
+	n.SetState(kv.NodeInit, now)
+	n.AllocatedTo, n.Holder, n.LeaseUntil, n.Requestor, n.Tenant = "", "", nil, "", ""
+	n.Launcher, n.Reason, n.HoldJob, n.HoldExpiration = "", "", "", nil
+	d := nodeData(n)
+	d.Failures, d.NextCheck = 0, time.Time{}
+	n.DriverData = d.raw()
+}
+
+// Manage keeps the pool's node records in step with the configuration and
+// checks hosts before their nodes go into service. It runs in the holder of
+// the provider's lease.
+func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
+	if err := p.nodes.WaitSynced(ctx); err != nil {
+		return
+	}
+	sub := p.nodes.Subscribe()
+	defer p.nodes.Unsubscribe(sub)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	m := &manager{p: p, interval: interval, checking: map[string]bool{}, sem: make(chan struct{}, maxParallelChecks), doneC: make(chan struct{}, 1)}
+	defer m.wg.Wait()
+	for {
+		sub.Drain()
+		m.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-sub.C():
+		case <-tick.C:
+		case <-m.doneC:
+		}
+		// Let a burst of changes settle into one pass.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settle):
+		}
+	}
+}
+
+// manager is one term of Manage.
+type manager struct {
+	p        *Provider
+	interval time.Duration
+	wg       sync.WaitGroup
+	sem      chan struct{}
+	doneC    chan struct{}
+
+	mu       sync.Mutex
+	checking map[string]bool // nodes with a check in flight
+}
+
+func (m *manager) busy(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.checking[id]
+}
+
+// reconcile compares the records with the configuration: it registers
+// missing nodes, re-registers idle nodes of changed hosts, removes idle
+// nodes of removed hosts, and starts the checks that are due.
+func (m *manager) reconcile(ctx context.Context) {
+	p := m.p
+	want := p.registrations()
+	have := map[string]kv.Entry[kv.Node]{}
+	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if e.Value.Provider == p.cfg.Name {
+			have[e.Key] = *e
+		}
+		return true
+	})
+	now := time.Now().UTC()
+	for id, r := range want {
+		if _, ok := have[id]; !ok {
+			m.register(ctx, r, now)
+		}
+	}
+	for id, e := range have {
+		if m.busy(id) {
+			continue
+		}
+		n := &e.Value
+		r, wanted := want[id]
+		idle := n.State == kv.NodeInit || (n.State == kv.NodeReady && n.AllocatedTo == "")
+		d := nodeData(n)
+		switch {
+		case !wanted:
+			if idle {
+				m.remove(ctx, e)
+			}
+		case d.Spec != r.spec:
+			if idle {
+				m.update(ctx, r, now)
+			}
+		case n.State == kv.NodeInit && !now.Before(d.NextCheck):
+			m.check(ctx, r)
+		}
+	}
+}
+
+// register creates the record of a node the configuration asks for.
+func (m *manager) register(ctx context.Context, r registration, now time.Time) {
+	n := &kv.Node{State: kv.NodeInit, HostKeys: []string{}, Created: now, StateTime: now}
+	r.record(n, m.p.cfg.Name)
+	n.DriverData = NodeData{Host: r.host.Name, Slot: r.slot, Spec: r.spec}.raw()
+	_, err := m.p.nodes.Create(ctx, r.id, n)
+	switch {
+	case err == nil:
+		m.p.log.Info("registered static node", "node", r.id, "host", r.host.Name, "slot", r.slot, "pool", r.pool)
+	case !errors.Is(err, kv.ErrExists) && ctx.Err() == nil:
+		m.p.log.Warn("could not register static node", "node", r.id, "err", err)
+	}
+}
+
+// update re-registers an idle node whose host's configuration changed.
+func (m *manager) update(ctx context.Context, r registration, now time.Time) {
+	_, err := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
+		if n.State != kv.NodeInit && (n.State != kv.NodeReady || n.AllocatedTo != "") {
+			return kv.ErrSkip
+		}
+		r.record(n, m.p.cfg.Name)
+		n.SetState(kv.NodeInit, now)
+		n.HostKeys, n.Reason = []string{}, ""
+		n.DriverData = NodeData{Host: r.host.Name, Slot: r.slot, Spec: r.spec}.raw()
+		return nil
+	})
+	if err == nil {
+		m.p.log.Info("host configuration changed; registering its node again", "node", r.id, "host", r.host.Name)
+	}
+}
+
+// remove deletes the record of an idle node whose host left the
+// configuration; a revision check makes sure nobody took it meanwhile.
+func (m *manager) remove(ctx context.Context, e kv.Entry[kv.Node]) {
+	err := m.p.store.Delete(ctx, e.Key, e.Revision)
+	switch {
+	case err == nil:
+		m.p.log.Info("host left the configuration; node removed", "node", e.Key, "host", e.Value.Hostname)
+	case errors.Is(err, kv.ErrConflict), errors.Is(err, kv.ErrNotFound):
+		// Changed meanwhile: the next pass looks again.
+	case ctx.Err() == nil:
+		m.p.log.Warn("could not remove static node", "node", e.Key, "err", err)
+	}
+}
+
+// check starts a check of a node's host; the result goes into the record.
+func (m *manager) check(ctx context.Context, r registration) {
+	m.mu.Lock()
+	m.checking[r.id] = true
+	m.mu.Unlock()
+	m.wg.Go(func() {
+		defer func() {
+			m.mu.Lock()
+			delete(m.checking, r.id)
+			m.mu.Unlock()
+			select {
+			case m.doneC <- struct{}{}:
+			default:
+			}
+		}()
+		select {
+		case m.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-m.sem }()
+		keys, err := CheckHost(ctx, &r.host)
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now().UTC()
+		_, merr := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
+			d := nodeData(n)
+			if n.State != kv.NodeInit || d.Spec != r.spec {
+				return kv.ErrSkip
+			}
+			if err != nil {
+				d.Failures++
+				d.NextCheck = now.Add(m.recheckAfter(d.Failures))
+				n.Reason = fmt.Sprintf("%v (check %d failed; next at %s)", err, d.Failures, d.NextCheck.Format(time.RFC3339))
+				n.DriverData = d.raw()
+				return nil
+			}
+			d.Failures, d.NextCheck = 0, time.Time{}
+			n.DriverData = d.raw()
+			n.HostKeys = keys
+			n.Reason = ""
+			n.SetState(kv.NodeReady, now)
+			return nil
+		})
+		switch {
+		case merr != nil:
+		case err != nil:
+			m.p.log.Warn("static host out of service", "node", r.id, "host", r.host.Name, "err", err)
+		default:
+			m.p.log.Debug("static node ready", "node", r.id, "host", r.host.Name)
+		}
+	})
+}
+
+// recheckAfter is the wait before check number failures+1 of a host.
+func (m *manager) recheckAfter(failures int) time.Duration {
+	return min(m.interval<<min(failures-1, 8), maxRecheck)
+}
+
+// CheckHost checks that a host can go into service and returns its host
+// keys: with host-key-checking, an SSH host's keys are gathered by a
+// handshake and must include every configured host-key; a winrm host must
+// accept a TCP connection. Without host-key-checking the host is not
+// contacted and the configured host-key is taken as it is.
+func CheckHost(ctx context.Context, h *config.StaticNode) ([]string, error) {
+	configured := make([]string, 0, len(h.HostKey))
+	for _, k := range h.HostKey {
+		nk, err := config.ParseHostKey(k)
+		if err != nil {
+			return nil, err
+		}
+		configured = append(configured, nk)
+	}
+	if !h.ChecksHostKey() {
+		return configured, nil
+	}
+	addr := net.JoinHostPort(h.Name, strconv.Itoa(h.ConnectionPort))
+	if !h.GathersHostKeys() {
+		dctx, cancel := context.WithTimeout(ctx, h.Timeout.D())
+		defer cancel()
+		var d net.Dialer
+		c, err := d.DialContext(dctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("host %s is unreachable: %w", addr, err)
+		}
+		_ = c.Close()
+		return []string{}, nil
+	}
+	keys, err := ScanHostKeys(ctx, addr, h.Timeout.D())
+	if err != nil {
+		return nil, fmt.Errorf("host %s is unreachable: %w", addr, err)
+	}
+	var missing []string
+	for _, k := range configured {
+		if !slices.Contains(keys, k) {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("host key mismatch: %s does not offer the configured host-key %s (it offers %s)", addr, strings.Join(missing, ", "), strings.Join(keys, ", "))
+	}
+	return keys, nil
+}
+
+// Create refuses: static nodes are registered, never launched (the
+// scheduler does not create nodes in static pools).
+func (p *Provider) Create(req drivers.CreateRequest, _ json.RawMessage) (drivers.StateMachine, error) {
+	return nil, fmt.Errorf("%w: provider %s is static: its nodes are the hosts of its configuration, not launched", drivers.ErrFatal, p.cfg.Name)
+}
+
+// Delete returns a machine that does nothing: a static host is not ours to
+// delete. Deleting a node's record (an operator's delete) registers the host
+// again.
+func (p *Provider) Delete(externalID string, _ json.RawMessage) (drivers.StateMachine, error) {
+	return deleteMachine{host: externalID}, nil
+}
+
+type deleteMachine struct{ host string }
+
+func (m deleteMachine) Advance(context.Context) (drivers.Step, error) {
+	return drivers.Step{Done: true}, nil
+}
+func (m deleteMachine) State() json.RawMessage { return nil }
+func (m deleteMachine) ExternalID() string     { return m.host }
+
+// ListInstances lists nothing: a static provider creates no instances, so
+// none can leak.
+func (p *Provider) ListInstances(context.Context) ([]drivers.Instance, error) { return nil, nil }
+
+// QuotaLimits is unlimited: a static pool is bounded by its hosts.
+func (p *Provider) QuotaLimits(context.Context) (drivers.Resources, error) {
+	return drivers.Resources{Cores: drivers.Unlimited, RAM: drivers.Unlimited, Instances: drivers.Unlimited}, nil
+}
+
+// QuotaForLabel is one instance.
+func (p *Provider) QuotaForLabel(string, string) (drivers.Resources, error) {
+	return drivers.Resources{Instances: 1}, nil
+}
