@@ -463,6 +463,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
 		return
 	}
+	// A driver whose creates are idempotent resumes from scratch: its
+	// progress need not be recorded step by step.
+	_, idempotent := drivers.As[drivers.Idempotent](drv)
 	attemptStart := time.Now()
 	saved := n.DriverData
 	savedAttempt := e.Value.Attempt
@@ -538,7 +541,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			log.Debug("node ready", "external_id", ne.Value.ExternalID)
 			return
 		}
-		if st := sm.State(); !bytes.Equal(st, saved) || n.Attempt != savedAttempt {
+		if st := sm.State(); n.Attempt != savedAttempt || (!idempotent && !bytes.Equal(st, saved)) {
 			ext := sm.ExternalID()
 			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
 				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt

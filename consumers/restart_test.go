@@ -47,7 +47,8 @@ func TestRestartInTheMiddleOfLaunches(t *testing.T) {
 				ids = append(ids, h.submit(events.RequestMessage{Labels: labels}))
 			}
 			h.until(10*time.Second, "every node booting", func() bool {
-				return h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeBuilding && n.ExternalID != "" }) == 14
+				// Every instance made, none ready yet.
+				return h.instanceCount("cloud1") == 14 && h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeBuilding }) == 14
 			})
 			l1.Stop()
 			h.startLauncher(tc.secondID)

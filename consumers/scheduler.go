@@ -576,6 +576,10 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 // claim takes a waiting request for this pool (requested -> pending, with
 // its plan) and then allocates or creates its nodes.
 func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
+	if !slices.ContainsFunc(plan, func(sl slot) bool { return !sl.reuse }) {
+		s.serveFromReady(ctx, id, plan)
+		return
+	}
 	now := time.Now().UTC()
 	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
@@ -597,6 +601,58 @@ func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
 		return
 	}
 	s.assign(ctx, &e.Value, plan)
+}
+
+// serveFromReady serves a request whose every node is a ready one: the
+// nodes are allocated first, then the request goes from requested straight
+// to fulfilled in one write. If that write fails (the request changed or
+// went), the nodes are given back; if the process dies in between, the next
+// pass frees nodes allocated to a request that does not list them.
+func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) {
+	cached, found := s.l.requests.Get(id)
+	if !found {
+		return
+	}
+	r := &cached.Value
+	var wg sync.WaitGroup
+	ok := make([]bool, len(plan))
+	for i, sl := range plan {
+		wg.Go(func() { ok[i] = s.allocate(ctx, sl.node, r) })
+	}
+	wg.Wait()
+	undo := func() {
+		for i, sl := range plan {
+			if ok[i] {
+				s.freeNode(ctx, sl.node, id)
+			}
+		}
+	}
+	if slices.Contains(ok, false) {
+		undo() // a node went meanwhile; the next pass plans again
+		return
+	}
+	now := time.Now().UTC()
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFulfilled, now)
+		r.Provider, r.Pool = s.prov.Name, s.pool.Name
+		r.Reason = ""
+		r.Nodes = make([]string, len(r.Labels))
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("could not fulfil request", "request", id, "err", err)
+		}
+		undo()
+		return
+	}
+	s.l.metrics.RequestsFulfilled.Add(1)
 }
 
 // replan replaces the nodes of some slots of a pending request.
@@ -678,7 +734,7 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
 		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
-		Created: now, StateTime: now,
+		Created: now, StateTime: now, Attempt: 1,
 	}
 	_, err = s.l.nodes.Create(ctx, n.ID, n)
 	if err != nil && !errors.Is(err, kv.ErrExists) {

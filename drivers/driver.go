@@ -107,6 +107,15 @@ type StateMachine interface {
 	ExternalID() string
 }
 
+// Idempotent is implemented by providers whose create machines may be
+// started afresh at any point of an attempt without making a second
+// instance (each attempt's create call carries an idempotency token made
+// from CreateRequest's node id and attempt). The launcher then records a
+// launch's progress only when the attempt ends, saving a write per step.
+type Idempotent interface {
+	IdempotentCreate()
+}
+
 // Provider is one configured provider of a driver.
 type Provider interface {
 	// Create returns a machine that creates an instance for req; state is

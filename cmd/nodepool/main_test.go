@@ -274,6 +274,18 @@ func (r *records) dump() string {
 	return b.String()
 }
 
+// booting counts instances in the cloud whose node is still building.
+func (r *records) booting() int {
+	n := 0
+	r.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+		if nd, ok := r.nodes.Get(e.Value.Tags["nodepool_node_id"]); ok && nd.Value.State == kv.NodeBuilding {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
 func (r *records) count(state kv.NodeState) int {
 	n := 0
 	r.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
@@ -460,16 +472,7 @@ func TestRunRestartMidLaunch(t *testing.T) {
 					ids = append(ids, id)
 				}
 				rec := watchRecords(t, url, "cloud1")
-				rec.until(20*time.Second, "launches booting", func() bool {
-					n := 0
-					rec.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-						if e.Value.State == kv.NodeBuilding && e.Value.ExternalID != "" {
-							n++
-						}
-						return true
-					})
-					return n >= 12
-				})
+				rec.until(20*time.Second, "launches booting", func() bool { return rec.booting() >= 12 })
 			}()
 			_ = p.stop(sig, 20*time.Second)
 

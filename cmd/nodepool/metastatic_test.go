@@ -66,16 +66,7 @@ func TestRunMetastaticKilled(t *testing.T) {
 	}
 	func() {
 		rec := watchRecords(t, url, "cloud")
-		rec.until(20*time.Second, "two backing nodes booting", func() bool {
-			n := 0
-			rec.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-				if e.Value.Provider == "cloud" && e.Value.State == kv.NodeBuilding && e.Value.ExternalID != "" {
-					n++
-				}
-				return true
-			})
-			return n == 2
-		})
+		rec.until(20*time.Second, "two backing nodes booting", func() bool { return rec.booting() == 2 })
 	}()
 	_ = p.stop(syscall.SIGKILL, 20*time.Second)
 

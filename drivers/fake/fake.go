@@ -321,6 +321,10 @@ func (p *Provider) Inject(ctx context.Context, name string, tags map[string]stri
 	return rec.ID, nil
 }
 
+// IdempotentCreate: the instance id is derived from the node id and
+// attempt, so a create started again finds the instance it made.
+func (p *Provider) IdempotentCreate() {}
+
 // Create returns a machine that creates the instance of one node.
 func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
 	m := &createMachine{p: p, req: req}
