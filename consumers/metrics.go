@@ -16,6 +16,8 @@ type Metrics struct {
 	LaunchesFailed       atomic.Int64
 	CloudWaits           atomic.Int64
 	LeakedDeleted        atomic.Int64
+	SchedulerPasses      atomic.Int64
+	SchedulerPassNanos   atomic.Int64
 }
 
 // NewMetrics returns zeroed counters.
@@ -42,5 +44,7 @@ func (m *Metrics) Counters() []Counter {
 		{"nodepool_launches_failed_total", "Launches that failed after their last attempt.", &m.LaunchesFailed},
 		{"nodepool_cloud_waits_total", "Times a cloud asked to wait (quota, capacity, rate).", &m.CloudWaits},
 		{"nodepool_leaked_instances_deleted_total", "Leaked instances deleted.", &m.LeakedDeleted},
+		{"nodepool_scheduler_passes_total", "Passes of the pool schedulers led by this process.", &m.SchedulerPasses},
+		{"nodepool_scheduler_pass_seconds_total", "Time spent in scheduler passes, in nanoseconds.", &m.SchedulerPassNanos},
 	}
 }

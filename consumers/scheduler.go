@@ -38,8 +38,12 @@ type scheduler struct {
 	sizes map[string]kv.Resources
 
 	// State of one term as leader.
-	openReqs  map[string]bool // requests in requested or pending state
-	poolNodes map[string]bool // nodes of this pool
+	// The records as this scheduler has seen them, kept from the change
+	// queues of the caches (entries are immutable snapshots, so the
+	// pointers are safe to hold and need no locking in the loop).
+	requests  map[string]*kv.Entry[kv.Request] // every request
+	openReqs  map[string]*kv.Entry[kv.Request] // requests in requested or pending state
+	poolNodes map[string]*kv.Entry[kv.Node]    // nodes of this pool
 	used      *usage          // what nodes hold, kept up to date
 	busy      map[string]bool // requests and nodes with a job in flight
 	reserved  map[string]bool // ready nodes promised to a request by a job in flight
@@ -93,7 +97,7 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 func (s *scheduler) run(ctx context.Context) {
 	s.log.Info("leading pool")
 	defer s.log.Info("no longer leading pool")
-	s.openReqs, s.poolNodes = map[string]bool{}, map[string]bool{}
+	s.requests, s.openReqs, s.poolNodes = map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Node]{}
 	s.used = newUsage(s.prov.Name, s.pool.Name)
 	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]inflight{}
 	s.jobSem = make(chan struct{}, 256)
@@ -134,7 +138,10 @@ func (s *scheduler) run(ctx context.Context) {
 		compSub.Drain()
 		imgWatch.drain()
 		s.collectDone()
+		start := time.Now()
 		s.pass(ctx)
+		s.l.metrics.SchedulerPasses.Add(1)
+		s.l.metrics.SchedulerPassNanos.Add(int64(time.Since(start)))
 		select {
 		case <-ctx.Done():
 			return
@@ -151,8 +158,14 @@ func (s *scheduler) run(ctx context.Context) {
 }
 
 func (s *scheduler) indexRequest(ch kv.Change[kv.Request]) {
-	if ch.New != nil && (ch.New.Value.State == kv.RequestRequested || ch.New.Value.State == kv.RequestPending) {
-		s.openReqs[ch.Key] = true
+	if ch.New == nil {
+		delete(s.requests, ch.Key)
+		delete(s.openReqs, ch.Key)
+		return
+	}
+	s.requests[ch.Key] = ch.New
+	if st := ch.New.Value.State; st == kv.RequestRequested || st == kv.RequestPending {
+		s.openReqs[ch.Key] = ch.New
 	} else {
 		delete(s.openReqs, ch.Key)
 	}
@@ -202,7 +215,7 @@ func (s *scheduler) watchCloudQuota(ctx context.Context, out chan<- cloudQuota) 
 func (s *scheduler) indexNode(ch kv.Change[kv.Node]) {
 	s.used.apply(ch)
 	if ch.New != nil && ch.New.Value.Provider == s.prov.Name && ch.New.Value.Pool == s.pool.Name {
-		s.poolNodes[ch.Key] = true
+		s.poolNodes[ch.Key] = ch.New
 	} else {
 		delete(s.poolNodes, ch.Key)
 	}
@@ -306,17 +319,13 @@ func (s *scheduler) pass(ctx context.Context) {
 	}
 	l := s.l
 	free := map[string][]string{} // label -> ready unallocated nodes
-	for id := range s.poolNodes {
-		e, ok := l.nodes.Get(id)
-		if !ok {
-			continue
-		}
+	for id, e := range s.poolNodes {
 		n := &e.Value
 		if s.reserved[id] {
 			continue
 		}
 		if n.AllocatedTo != "" && (n.State == kv.NodeReady || n.State == kv.NodeBuilding) {
-			r, ok := l.requests.Get(n.AllocatedTo)
+			r, ok := s.requests[n.AllocatedTo]
 			if !s.busy[id] && (!ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id)) {
 				s.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
 			}
@@ -332,9 +341,7 @@ func (s *scheduler) pass(ctx context.Context) {
 	for label := range free {
 		ids := free[label]
 		slices.SortFunc(ids, func(a, b string) int {
-			ea, _ := l.nodes.Get(a)
-			eb, _ := l.nodes.Get(b)
-			return ea.Value.StateTime.Compare(eb.Value.StateTime)
+			return s.poolNodes[a].Value.StateTime.Compare(s.poolNodes[b].Value.StateTime)
 		})
 	}
 	room := s.headroom()
@@ -343,12 +350,8 @@ func (s *scheduler) pass(ctx context.Context) {
 	}
 
 	var waiting []*kv.Request
-	for id := range s.openReqs {
+	for id, e := range s.openReqs {
 		if s.busy[id] {
-			continue
-		}
-		e, ok := l.requests.Get(id)
-		if !ok {
 			continue
 		}
 		r := e.Value
@@ -438,7 +441,7 @@ func (s *scheduler) plan(r *kv.Request, free map[string][]string, only []int) ([
 // label it has.
 func (s *scheduler) takeFree(free map[string][]string, label, id string) {
 	labels := []string{label}
-	if e, ok := s.l.nodes.Get(id); ok {
+	if e, ok := s.poolNodes[id]; ok {
 		labels = append(labels, e.Value.Labels...)
 	}
 	for _, l := range labels {
@@ -521,7 +524,6 @@ func providesAll(have, want []string) bool {
 // checkPending moves a request this pool claimed along: fulfil it when all
 // its nodes are ready, fail it when one failed, replace nodes that vanished.
 func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) {
-	l := s.l
 	if len(r.Nodes) != len(r.Labels) {
 		// A plan that does not match the labels: plan every slot again.
 		r.Nodes = make([]string, len(r.Labels))
@@ -529,7 +531,7 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 	ready := true
 	var missing []int
 	for i, id := range r.Nodes {
-		e, ok := l.nodes.Get(id)
+		e, ok := s.poolNodes[id]
 		if !ok || e.Value.AllocatedTo != r.ID {
 			missing = append(missing, i)
 			continue

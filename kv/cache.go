@@ -381,7 +381,17 @@ func (c *Cache[T]) Update(ctx context.Context, key string, v *T, rev uint64) (En
 	return e, nil
 }
 
+// Cloner is implemented by records that copy themselves deeply, faster
+// than the JSON round trip clone falls back to.
+type Cloner[T any] interface {
+	Clone() T
+}
+
 func clone[T any](v *T) (*T, error) {
+	if c, ok := any(v).(Cloner[T]); ok {
+		out := c.Clone()
+		return &out, nil
+	}
 	data, err := json.Marshal(v)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"reflect"
 	"testing"
 	"time"
 
@@ -170,5 +171,34 @@ func TestLeaseHasOneHolder(t *testing.T) {
 	wg.Wait()
 	if maxHolders.Load() != 1 {
 		t.Errorf("%d holders at once", maxHolders.Load())
+	}
+}
+
+// Clone copies every field: a record changed through Cache.Modify never
+// touches the cached one.
+func TestCloneIsDeep(t *testing.T) {
+	now := time.Now()
+	n := kv.Node{ID: "n", Labels: []string{"a"}, HostKeys: []string{"k"}, Attributes: map[string]string{"x": "y"},
+		DriverData: []byte(`{"a":1}`), UserData: []byte(`{}`), LeaseUntil: &now, HoldExpiration: &now}
+	c := n.Clone()
+	if !reflect.DeepEqual(n, c) {
+		t.Fatalf("clone differs:\n%+v\n%+v", n, c)
+	}
+	c.Labels[0], c.HostKeys[0], c.Attributes["x"], c.DriverData[0] = "b", "l", "z", 'X'
+	*c.LeaseUntil = now.Add(time.Hour)
+	if n.Labels[0] != "a" || n.HostKeys[0] != "k" || n.Attributes["x"] != "y" || n.DriverData[0] != '{' || !n.LeaseUntil.Equal(now) {
+		t.Errorf("changing the clone changed the original: %+v", n)
+	}
+	// Every field of Node is copied: a field added later without Clone
+	// support shows up here through its zero value in the copy.
+	rv := reflect.ValueOf(kv.Node{}).NumField()
+	if rv != 36 {
+		t.Errorf("Node has %d fields; check that Clone copies the new ones deeply and update this count", rv)
+	}
+	r := kv.Request{ID: "r", Labels: []string{"a"}, Nodes: []string{"n"}, DeclinedBy: []string{"p"}, RequestorData: []byte(`{}`)}
+	rc := r.Clone()
+	rc.Labels[0], rc.Nodes[0], rc.DeclinedBy[0] = "b", "m", "q"
+	if r.Labels[0] != "a" || r.Nodes[0] != "n" || r.DeclinedBy[0] != "p" {
+		t.Errorf("changing the request clone changed the original: %+v", r)
 	}
 }

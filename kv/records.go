@@ -2,6 +2,7 @@ package kv
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"time"
 )
@@ -89,6 +90,25 @@ type Node struct {
 	Attempt int `json:"attempt,omitempty"`
 }
 
+// Clone returns a deep copy.
+func (n *Node) Clone() Node {
+	c := *n
+	c.Labels = slices.Clone(n.Labels)
+	c.HostKeys = slices.Clone(n.HostKeys)
+	c.Attributes = maps.Clone(n.Attributes)
+	c.DriverData = slices.Clone(n.DriverData)
+	c.UserData = slices.Clone(n.UserData)
+	if n.LeaseUntil != nil {
+		t := *n.LeaseUntil
+		c.LeaseUntil = &t
+	}
+	if n.HoldExpiration != nil {
+		t := *n.HoldExpiration
+		c.HoldExpiration = &t
+	}
+	return c
+}
+
 // HasLabel reports whether the node carries a label.
 func (n *Node) HasLabel(label string) bool { return slices.Contains(n.Labels, label) }
 
@@ -138,6 +158,16 @@ func (r *Request) SetState(s RequestState, now time.Time) {
 		r.State = s
 		r.StateTime = now
 	}
+}
+
+// Clone returns a deep copy.
+func (r *Request) Clone() Request {
+	c := *r
+	c.Labels = slices.Clone(r.Labels)
+	c.Nodes = slices.Clone(r.Nodes)
+	c.DeclinedBy = slices.Clone(r.DeclinedBy)
+	c.RequestorData = slices.Clone(r.RequestorData)
+	return c
 }
 
 // Done reports whether the request reached a final state.
