@@ -53,7 +53,9 @@ func (m *minReady) run(ctx context.Context) {
 	for {
 		nodeSub.Drain()
 		reqSub.Drain()
+		start := time.Now()
 		m.pass(ctx)
+		took := time.Since(start)
 		select {
 		case <-ctx.Done():
 			return
@@ -61,8 +63,10 @@ func (m *minReady) run(ctx context.Context) {
 		case <-reqSub.C():
 		case <-tick.C:
 		}
-		// Let a burst of changes settle into one pass.
-		if !sleep(ctx, 20*time.Millisecond) {
+		// Let a burst of changes settle into one pass; a pass looks at
+		// every node, so with many nodes passes are spaced to keep it
+		// under a tenth of a core.
+		if !sleep(ctx, max(20*time.Millisecond, 10*took)) {
 			return
 		}
 	}

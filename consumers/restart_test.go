@@ -152,3 +152,49 @@ providers:
 	}
 	h.checkConsistent("cloud1")
 }
+
+// A burst of requests, each for new nodes: exactly one node and one
+// instance per label asked for, none launched twice or left over.
+func TestBurstLaunchesEachNodeOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels: [{name: small}, {name: big}]
+providers:
+  - name: cloud1
+    driver: fake
+    boot-delay: 0.05
+    pools: [{name: main, labels: [small, big]}]
+`)
+	h.startLauncher("l1")
+	var ids []string
+	nodes := 0
+	for i := range 300 {
+		labels := []string{"small"}
+		if i%4 == 0 {
+			labels = []string{"big", "small", "big"}
+		}
+		nodes += len(labels)
+		ids = append(ids, h.submit(events.RequestMessage{Labels: labels}))
+	}
+	h.waitDone(60*time.Second, ids...)
+	seen := map[string]string{}
+	for _, id := range ids {
+		r, _ := h.request(id)
+		if r.State != kv.RequestFulfilled {
+			t.Fatalf("request %s is %s: %s", id, r.State, r.Reason)
+		}
+		for _, n := range r.Nodes {
+			if prev, dup := seen[n]; dup {
+				t.Errorf("node %s given to %s and %s", n, prev, id)
+			}
+			seen[n] = id
+		}
+	}
+	h.until(10*time.Second, "every node recorded", func() bool { return h.nodes.Len() >= nodes })
+	if got := h.nodes.Len(); got != nodes {
+		t.Errorf("%d node records for %d nodes asked for", got, nodes)
+	}
+	if got := h.instancesEverCreated("cloud1"); got != nodes {
+		t.Errorf("%d instances created for %d nodes asked for", got, nodes)
+	}
+}

@@ -42,8 +42,16 @@ type scheduler struct {
 	// queues of the caches (entries are immutable snapshots, so the
 	// pointers are safe to hold and need no locking in the loop).
 	requests  map[string]*kv.Entry[kv.Request] // every request
-	openReqs  map[string]*kv.Entry[kv.Request] // requests in requested or pending state
+	waiting   map[string]*kv.Entry[kv.Request] // requests in requested state
+	pending   map[string]*kv.Entry[kv.Request] // requests pending in this pool
 	poolNodes map[string]*kv.Entry[kv.Node]    // nodes of this pool
+
+	// Indexes over the pool's nodes, kept as they change, so that a pass
+	// looks only at what may need work, not at every node.
+	free      map[string]map[string]bool // label -> ready, unallocated nodes
+	byRequest map[string]map[string]bool // request -> nodes allocated to it
+	suspects  map[string]bool            // allocated nodes whose request may be gone
+	dirty     map[string]bool            // pending requests to look at again
 	used      *usage          // what nodes hold, kept up to date
 	busy      map[string]bool // requests and nodes with a job in flight
 	reserved  map[string]bool // ready nodes promised to a request by a job in flight
@@ -97,7 +105,10 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 func (s *scheduler) run(ctx context.Context) {
 	s.log.Info("leading pool")
 	defer s.log.Info("no longer leading pool")
-	s.requests, s.openReqs, s.poolNodes = map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Node]{}
+	s.requests, s.waiting, s.pending = map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Request]{}, map[string]*kv.Entry[kv.Request]{}
+	s.poolNodes = map[string]*kv.Entry[kv.Node]{}
+	s.free, s.byRequest = map[string]map[string]bool{}, map[string]map[string]bool{}
+	s.suspects, s.dirty = map[string]bool{}, map[string]bool{}
 	s.used = newUsage(s.prov.Name, s.pool.Name)
 	s.busy, s.reserved, s.newNodes = map[string]bool{}, map[string]bool{}, map[string]inflight{}
 	s.jobSem = make(chan struct{}, 256)
@@ -129,6 +140,11 @@ func (s *scheduler) run(ctx context.Context) {
 	tick := time.NewTicker(s.l.opts.SyncInterval)
 	defer tick.Stop()
 	for {
+		// Jobs apply their writes to the caches before they report done:
+		// collecting them first, then draining the change queues, means
+		// the pass sees every write of every job it no longer counts as in
+		// flight.
+		s.collectDone()
 		for _, ch := range reqSub.Drain() {
 			s.indexRequest(ch)
 		}
@@ -137,7 +153,6 @@ func (s *scheduler) run(ctx context.Context) {
 		}
 		compSub.Drain()
 		imgWatch.drain()
-		s.collectDone()
 		start := time.Now()
 		s.pass(ctx)
 		s.l.metrics.SchedulerPasses.Add(1)
@@ -151,6 +166,7 @@ func (s *scheduler) run(ctx context.Context) {
 		case <-imgWatch.C():
 		case <-s.doneC:
 		case <-tick.C:
+			s.sweep()
 		case q := <-quotaC:
 			s.cloud = q
 		}
@@ -158,16 +174,24 @@ func (s *scheduler) run(ctx context.Context) {
 }
 
 func (s *scheduler) indexRequest(ch kv.Change[kv.Request]) {
+	// Nodes allocated to a request that changed or went may need freeing.
+	for id := range s.byRequest[ch.Key] {
+		s.suspects[id] = true
+	}
+	delete(s.waiting, ch.Key)
+	delete(s.pending, ch.Key)
 	if ch.New == nil {
 		delete(s.requests, ch.Key)
-		delete(s.openReqs, ch.Key)
 		return
 	}
 	s.requests[ch.Key] = ch.New
-	if st := ch.New.Value.State; st == kv.RequestRequested || st == kv.RequestPending {
-		s.openReqs[ch.Key] = ch.New
-	} else {
-		delete(s.openReqs, ch.Key)
+	r := &ch.New.Value
+	switch {
+	case r.State == kv.RequestRequested:
+		s.waiting[ch.Key] = ch.New
+	case r.State == kv.RequestPending && r.Provider == s.prov.Name && r.Pool == s.pool.Name:
+		s.pending[ch.Key] = ch.New
+		s.dirty[ch.Key] = true
 	}
 }
 
@@ -214,10 +238,56 @@ func (s *scheduler) watchCloudQuota(ctx context.Context, out chan<- cloudQuota) 
 
 func (s *scheduler) indexNode(ch kv.Change[kv.Node]) {
 	s.used.apply(ch)
-	if ch.New != nil && ch.New.Value.Provider == s.prov.Name && ch.New.Value.Pool == s.pool.Name {
-		s.poolNodes[ch.Key] = ch.New
-	} else {
+	inPool := func(e *kv.Entry[kv.Node]) bool {
+		return e != nil && e.Value.Provider == s.prov.Name && e.Value.Pool == s.pool.Name
+	}
+	if inPool(ch.Old) {
+		n := &ch.Old.Value
+		for _, label := range n.Labels {
+			delete(s.free[label], ch.Key)
+		}
+		if n.AllocatedTo != "" {
+			delete(s.byRequest[n.AllocatedTo], ch.Key)
+			if len(s.byRequest[n.AllocatedTo]) == 0 {
+				delete(s.byRequest, n.AllocatedTo)
+			}
+			s.dirty[n.AllocatedTo] = true
+		}
+	}
+	if !inPool(ch.New) {
 		delete(s.poolNodes, ch.Key)
+		return
+	}
+	s.poolNodes[ch.Key] = ch.New
+	n := &ch.New.Value
+	switch {
+	case n.AllocatedTo != "":
+		if s.byRequest[n.AllocatedTo] == nil {
+			s.byRequest[n.AllocatedTo] = map[string]bool{}
+		}
+		s.byRequest[n.AllocatedTo][ch.Key] = true
+		s.suspects[ch.Key] = true
+		s.dirty[n.AllocatedTo] = true
+	case n.State == kv.NodeReady:
+		// A node with several labels (a static host) is free for each.
+		for _, label := range n.Labels {
+			if s.free[label] == nil {
+				s.free[label] = map[string]bool{}
+			}
+			s.free[label][ch.Key] = true
+		}
+	}
+}
+
+// sweep marks everything for a look, as a safety net under the indexes.
+func (s *scheduler) sweep() {
+	for id := range s.pending {
+		s.dirty[id] = true
+	}
+	for _, nodes := range s.byRequest {
+		for id := range nodes {
+			s.suspects[id] = true
+		}
 	}
 }
 
@@ -257,6 +327,9 @@ func (s *scheduler) collectDone() {
 	for _, d := range done {
 		for _, k := range d.keys {
 			delete(s.busy, k)
+			// Look at what the job left (a key is a request or a node).
+			s.dirty[k] = true
+			s.suspects[k] = true
 		}
 		for _, k := range d.reserved {
 			delete(s.reserved, k)
@@ -318,29 +391,30 @@ func (s *scheduler) pass(ctx context.Context) {
 		return
 	}
 	l := s.l
-	free := map[string][]string{} // label -> ready unallocated nodes
-	for id, e := range s.poolNodes {
+	// Nodes allocated to requests that are gone, failed, or no longer
+	// list them go back to the pool.
+	for id := range s.suspects {
+		delete(s.suspects, id)
+		e, ok := s.poolNodes[id]
+		if !ok || s.busy[id] || s.reserved[id] {
+			continue // a job in flight marks it again when done
+		}
 		n := &e.Value
-		if s.reserved[id] {
+		if n.AllocatedTo == "" || (n.State != kv.NodeReady && n.State != kv.NodeBuilding) {
 			continue
 		}
-		if n.AllocatedTo != "" && (n.State == kv.NodeReady || n.State == kv.NodeBuilding) {
-			r, ok := s.requests[n.AllocatedTo]
-			if !s.busy[id] && (!ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id)) {
-				s.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
-			}
-			continue
+		if r, ok := s.requests[n.AllocatedTo]; !ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id) {
+			s.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
 		}
-		if n.State == kv.NodeReady && n.AllocatedTo == "" {
-			// A node with several labels (a static host) is free for each.
-			for _, label := range n.Labels {
+	}
+	free := map[string][]string{} // label -> ready unallocated nodes, oldest first
+	for label, ids := range s.free {
+		for id := range ids {
+			if !s.reserved[id] {
 				free[label] = append(free[label], id)
 			}
 		}
-	}
-	for label := range free {
-		ids := free[label]
-		slices.SortFunc(ids, func(a, b string) int {
+		slices.SortFunc(free[label], func(a, b string) int {
 			return s.poolNodes[a].Value.StateTime.Compare(s.poolNodes[b].Value.StateTime)
 		})
 	}
@@ -349,18 +423,29 @@ func (s *scheduler) pass(ctx context.Context) {
 		room.pool = kv.Resources{} // a registered pool never launches
 	}
 
-	var waiting []*kv.Request
-	for id, e := range s.openReqs {
+	// Pending requests that something happened to.
+	for id := range s.dirty {
+		e, ok := s.pending[id]
+		if !ok {
+			delete(s.dirty, id)
+			continue
+		}
 		if s.busy[id] {
+			continue // looked at again when its job is done
+		}
+		r := e.Value
+		if s.checkPending(ctx, &r, free, room) {
+			delete(s.dirty, id)
+		}
+	}
+
+	var waiting []*kv.Request
+	for id, e := range s.waiting {
+		if s.busy[id] || slices.Contains(e.Value.DeclinedBy, s.ref) {
 			continue
 		}
 		r := e.Value
-		switch {
-		case r.State == kv.RequestPending && r.Provider == s.prov.Name && r.Pool == s.pool.Name:
-			s.checkPending(ctx, &r, free, room)
-		case r.State == kv.RequestRequested && !slices.Contains(r.DeclinedBy, s.ref):
-			waiting = append(waiting, &r)
-		}
+		waiting = append(waiting, &r)
 	}
 	slices.SortFunc(waiting, requestLess)
 
@@ -523,7 +608,9 @@ func providesAll(have, want []string) bool {
 
 // checkPending moves a request this pool claimed along: fulfil it when all
 // its nodes are ready, fail it when one failed, replace nodes that vanished.
-func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) {
+// It reports false when the request must be looked at again even if
+// nothing about it changes (a node to replace waits for quota).
+func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) bool {
 	if len(r.Nodes) != len(r.Labels) {
 		// A plan that does not match the labels: plan every slot again.
 		r.Nodes = make([]string, len(r.Labels))
@@ -545,7 +632,7 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 				reason = fmt.Sprintf("node %s failed", id)
 			}
 			s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
-			return
+			return true
 		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
 			ready = false
 		default:
@@ -555,7 +642,7 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 	if len(missing) > 0 {
 		plan, need := s.plan(r, free, missing)
 		if ok, _ := room.fits(r.Tenant, need); !ok {
-			return
+			return false
 		}
 		room.take(r.Tenant, need)
 		s.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
@@ -567,12 +654,13 @@ func (s *scheduler) checkPending(ctx context.Context, r *kv.Request, free map[st
 		}
 		old := slices.Clone(r.Nodes)
 		s.spawn(ctx, d, func(ctx context.Context) { s.replan(ctx, r.ID, old, plan) })
-		return
+		return true
 	}
 	if ready {
 		nodes := slices.Clone(r.Nodes)
 		s.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
 	}
+	return true
 }
 
 // claim takes a waiting request for this pool (requested -> pending, with

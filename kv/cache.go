@@ -32,6 +32,9 @@ type Cache[T any] struct {
 	// Apply of an older revision cannot bring them back.
 	gone   map[string]uint64
 	subs   []*Subscription[T]
+	// observers are told of every change synchronously, by whoever makes
+	// it; they must be safe for concurrent use.
+	observers []func(Change[T])
 	synced chan struct{}
 	once   sync.Once
 }
@@ -145,11 +148,15 @@ func (c *Cache[T]) remove(key string, rev uint64) {
 	}
 	delete(c.entries, key)
 	c.gone[key] = rev
-	subs := c.subs
+	subs, observers := c.subs, c.observers
 	c.mu.Unlock()
 	if ok {
+		ch := Change[T]{Key: key, Old: old}
 		for _, s := range subs {
-			s.push(Change[T]{Key: key, Old: old})
+			s.push(ch)
+		}
+		for _, fn := range observers {
+			fn(ch)
 		}
 	}
 }
@@ -166,7 +173,7 @@ func (c *Cache[T]) Apply(e Entry[T]) {
 	delete(c.gone, e.Key)
 	ne := &e
 	c.entries[e.Key] = ne
-	subs := c.subs
+	subs, observers := c.subs, c.observers
 	c.mu.Unlock()
 	ch := Change[T]{Key: e.Key, New: ne}
 	if ok {
@@ -175,6 +182,22 @@ func (c *Cache[T]) Apply(e Entry[T]) {
 	for _, s := range subs {
 		s.push(ch)
 	}
+	for _, fn := range observers {
+		fn(ch)
+	}
+}
+
+// Observe calls fn for every record now in the cache (as a creation) and
+// then for every change, synchronously, from whichever goroutine makes the
+// change: fn must be quick and safe for concurrent use. It suits running
+// totals that must include a write as soon as Apply returns.
+func (c *Cache[T]) Observe(fn func(Change[T])) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.entries {
+		fn(Change[T]{Key: e.Key, New: e})
+	}
+	c.observers = append(c.observers, fn)
 }
 
 // Get returns the cached record of a key.

@@ -80,6 +80,11 @@ type Provider struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 
+	// used is what every instance of the cloud holds, kept as the cache
+	// changes.
+	usedMu sync.Mutex
+	used   drivers.Resources
+
 	// The cloud's image service (images.go).
 	images      *kv.Store[ImageRecord]
 	failUploads int
@@ -128,6 +133,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		return nil, err
 	}
 	p.cache = kv.NewCache(p.store, log)
+	p.cache.Observe(p.account)
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
 	go func() {
@@ -297,16 +303,26 @@ func (p *Provider) toInstance(r *InstanceRecord) drivers.Instance {
 	}
 }
 
-// usage adds up what every instance of the cloud holds.
+// account keeps the cloud's usage up to date with one change.
+func (p *Provider) account(ch kv.Change[InstanceRecord]) {
+	size := func(r *InstanceRecord) drivers.Resources {
+		return drivers.Resources{Instances: 1, Cores: r.Cores, RAM: r.RAM}
+	}
+	p.usedMu.Lock()
+	defer p.usedMu.Unlock()
+	if ch.Old != nil {
+		p.used = p.used.Sub(size(&ch.Old.Value))
+	}
+	if ch.New != nil {
+		p.used = p.used.Add(size(&ch.New.Value))
+	}
+}
+
+// usage is what every instance of the cloud holds.
 func (p *Provider) usage() drivers.Resources {
-	var u drivers.Resources
-	p.cache.Range(func(e *kv.Entry[InstanceRecord]) bool {
-		u.Instances++
-		u.Cores += e.Value.Cores
-		u.RAM += e.Value.RAM
-		return true
-	})
-	return u
+	p.usedMu.Lock()
+	defer p.usedMu.Unlock()
+	return p.used
 }
 
 // Inject adds an instance that nodepool did not create (another tenant's, or
