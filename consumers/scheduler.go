@@ -52,9 +52,9 @@ type scheduler struct {
 	byRequest map[string]map[string]bool // request -> nodes allocated to it
 	suspects  map[string]bool            // allocated nodes whose request may be gone
 	dirty     map[string]bool            // pending requests to look at again
-	used      *usage          // what nodes hold, kept up to date
-	busy      map[string]bool // requests and nodes with a job in flight
-	reserved  map[string]bool // ready nodes promised to a request by a job in flight
+	used      *usage                     // what nodes hold, kept up to date
+	busy      map[string]bool            // requests and nodes with a job in flight
+	reserved  map[string]bool            // ready nodes promised to a request by a job in flight
 	newNodes  map[string]inflight
 	cloud     cloudQuota
 	paused    bool

@@ -30,13 +30,13 @@ type Cache[T any] struct {
 	entries map[string]*Entry[T]
 	// gone remembers the revision at which keys were deleted, so that a late
 	// Apply of an older revision cannot bring them back.
-	gone   map[string]uint64
-	subs   []*Subscription[T]
+	gone map[string]uint64
+	subs []*Subscription[T]
 	// observers are told of every change synchronously, by whoever makes
 	// it; they must be safe for concurrent use.
 	observers []func(Change[T])
-	synced chan struct{}
-	once   sync.Once
+	synced    chan struct{}
+	once      sync.Once
 }
 
 // NewCache makes a cache of a store; Run fills it.

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
-	"reflect"
 	"testing"
 	"time"
 
