@@ -205,37 +205,46 @@ func single(n int) [][]string {
 	return labels
 }
 
+// batch publishes n single-node requests at once, waits for all, takes
+// every node, gives them all back and measures until their records are
+// gone.
+func batch(ctx context.Context, s *System, prefix string, n int, timeout time.Duration) (Result, error) {
+	t := newTracker()
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := t.watch(tctx, s.Client); err != nil {
+		return Result{}, err
+	}
+	ids, sent, err := publish(ctx, s.JS, fmt.Sprintf("%s%d", prefix, time.Now().UnixNano()), single(n))
+	if err != nil {
+		return Result{}, err
+	}
+	reqs, err := waitDone(ctx, t, ids, timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	lat, first, last := latencies(t, ids, sent)
+	nodes, err := takeAll(ctx, s.Client, reqs)
+	if err != nil {
+		return Result{}, err
+	}
+	cleanup, err := giveBack(ctx, s, t, nodes)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Requests: n, Makespan: last.Sub(first), Throughput: float64(n) / last.Sub(first).Seconds(), Latency: lat, Cleanup: cleanup}
+	finish(ctx, s, &res)
+	return res, nil
+}
+
 func runFresh(ctx context.Context, o Options, n int) ([]Result, error) {
 	sc, _ := Lookup("fresh")
 	var res Result
 	err := withSystem(ctx, o, sc.Config(n), 1, func(s *System) error {
-		t := newTracker()
-		tctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		if err := t.watch(tctx, s.Client); err != nil {
-			return err
-		}
-		ids, sent, err := publish(ctx, s.JS, fmt.Sprintf("fresh%d", time.Now().UnixNano()), single(n))
-		if err != nil {
-			return err
-		}
-		reqs, err := waitDone(ctx, t, ids, 5*time.Minute)
-		if err != nil {
-			return err
-		}
-		lat, first, last := latencies(t, ids, sent)
-		nodes, err := takeAll(ctx, s.Client, reqs)
-		if err != nil {
-			return err
-		}
-		cleanup, err := giveBack(ctx, s, t, nodes)
-		if err != nil {
-			return err
-		}
-		res = Result{Scenario: "fresh", Launchers: 1, Requests: n, Makespan: last.Sub(first),
-			Throughput: float64(n) / last.Sub(first).Seconds(), Latency: lat, Cleanup: cleanup}
-		finish(ctx, s, &res)
-		return nil
+		var err error
+		res, err = batch(ctx, s, "fresh", n, 5*time.Minute)
+		res.Scenario, res.Launchers = "fresh", 1
+		return err
 	})
 	return []Result{res}, err
 }
@@ -526,33 +535,10 @@ func runScaleout(ctx context.Context, o Options, n int) ([]Result, error) {
 		oo.WorkDir = dir
 		var res Result
 		err := withSystem(ctx, oo, sc.Config(n), launchers, func(s *System) error {
-			t := newTracker()
-			tctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			if err := t.watch(tctx, s.Client); err != nil {
-				return err
-			}
-			ids, sent, err := publish(ctx, s.JS, fmt.Sprintf("scaleout%d", time.Now().UnixNano()), single(n))
-			if err != nil {
-				return err
-			}
-			reqs, err := waitDone(ctx, t, ids, 10*time.Minute)
-			if err != nil {
-				return err
-			}
-			lat, first, last := latencies(t, ids, sent)
-			nodes, err := takeAll(ctx, s.Client, reqs)
-			if err != nil {
-				return err
-			}
-			cleanup, err := giveBack(ctx, s, t, nodes)
-			if err != nil {
-				return err
-			}
-			res = Result{Scenario: fmt.Sprintf("scaleout, %d launcher(s)", launchers), Launchers: launchers, Requests: n,
-				Makespan: last.Sub(first), Throughput: float64(n) / last.Sub(first).Seconds(), Latency: lat, Cleanup: cleanup}
-			finish(ctx, s, &res)
-			return nil
+			var err error
+			res, err = batch(ctx, s, "scaleout", n, 10*time.Minute)
+			res.Scenario, res.Launchers = fmt.Sprintf("scaleout, %d launcher(s)", launchers), launchers
+			return err
 		})
 		if err != nil {
 			return out, err

@@ -29,6 +29,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -307,7 +308,7 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 				continue // nothing to do for a while
 			}
 			b.log.Warn("could not fetch a trigger; retrying", "group", what, "err", err)
-			sleep(ctx, time.Second)
+			wait.Sleep(ctx, time.Second)
 			continue
 		}
 		handle(ctx, msg)
@@ -414,18 +415,6 @@ func (b *Builder) keepHeartbeat(ctx context.Context) {
 			}
 			cancel()
 		}
-	}
-}
-
-// sleep waits d or until ctx ends; it reports whether to go on.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

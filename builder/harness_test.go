@@ -142,16 +142,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 }
 
 func runCache[T any](t *testing.T, c *kv.Cache[T]) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	t.Cleanup(c.Start())
 	if err := c.WaitSynced(t.Context()); err != nil {
 		t.Fatal(err)
 	}

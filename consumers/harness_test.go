@@ -105,16 +105,7 @@ func newHarnessOn(t testing.TB, srv *natstest.Server, cfg *config.Config) *harne
 }
 
 func runCache[T any](t testing.TB, c *kv.Cache[T]) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	t.Cleanup(c.Start())
 	if err := c.WaitSynced(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -408,31 +409,10 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 			return e, ctx.Err()
 		}
 		lc.l.log.Warn("could not update node; retrying", "node", id, "err", err)
-		if !sleep(ctx, backoff(failures)) {
+		if !wait.Sleep(ctx, wait.Backoff(failures)) {
 			return e, ctx.Err()
 		}
 	}
-}
-
-// sleep waits d or until ctx ends; it reports whether to go on.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff is the wait before retry number n (from 0) of a failing call.
-func backoff(n int) time.Duration {
-	d := 100 * time.Millisecond << min(n, 8)
-	return min(d, 30*time.Second)
 }
 
 func createRequest(n *kv.Node) drivers.CreateRequest {
@@ -488,7 +468,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 					return
 				}
 			}
-			if !sleep(ctx, backoff(waits)) {
+			if !wait.Sleep(ctx, wait.Backoff(waits)) {
 				return
 			}
 			waits++
@@ -555,7 +535,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		}
 		// Wait as the machine asks, but wake for the boot-timeout.
 		untilTimeout := prov.BootTimeout.D() - time.Since(attemptStart) + time.Millisecond
-		if !sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
+		if !wait.Sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
 			return
 		}
 	}
@@ -660,7 +640,7 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 		}
 		if err != nil {
 			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
-			if !sleep(ctx, backoff(failures)) {
+			if !wait.Sleep(ctx, wait.Backoff(failures)) {
 				return false
 			}
 			failures++
@@ -676,7 +656,7 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 			}
 			saved = st
 		}
-		if !sleep(ctx, min(step.Wait, 2*time.Second)) {
+		if !wait.Sleep(ctx, min(step.Wait, 2*time.Second)) {
 			return false
 		}
 	}
@@ -714,7 +694,7 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 				return
 			}
 			if err != nil {
-				if !sleep(ctx, time.Second) {
+				if !wait.Sleep(ctx, time.Second) {
 					return
 				}
 				continue
@@ -737,7 +717,7 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 			continue
 		}
 		l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
-		if !sleep(ctx, time.Second) {
+		if !wait.Sleep(ctx, time.Second) {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -66,7 +67,7 @@ func (m *minReady) run(ctx context.Context) {
 		// Let a burst of changes settle into one pass; a pass looks at
 		// every node, so with many nodes passes are spaced to keep it
 		// under a tenth of a core.
-		if !sleep(ctx, max(20*time.Millisecond, 10*took)) {
+		if !wait.Sleep(ctx, max(20*time.Millisecond, 10*took)) {
 			return
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -220,7 +221,7 @@ func (s *scheduler) readCloudQuota(ctx context.Context) (cloudQuota, error) {
 
 // watchCloudQuota reads the cloud's quota every sync interval.
 func (s *scheduler) watchCloudQuota(ctx context.Context, out chan<- cloudQuota) {
-	for sleep(ctx, s.l.opts.SyncInterval) {
+	for wait.Sleep(ctx, s.l.opts.SyncInterval) {
 		q, err := s.readCloudQuota(ctx)
 		if err != nil {
 			if ctx.Err() == nil {

@@ -91,6 +91,21 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 	return nil
 }
 
+// Start runs the cache in the background until the returned stop is
+// called; stop waits for the watch to end.
+func (c *Cache[T]) Start() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last uint64) uint64 {
 	if last > 0 {
 		// A resumed watch sends no initial-values marker we need.

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/user"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -126,99 +125,51 @@ func defaultHolder() string {
 }
 
 func (a *app) listCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List nodes",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			entries, err := c.Nodes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			nodes := make([]kv.Node, len(entries))
-			for i, e := range entries {
-				nodes[i] = e.Value
-			}
-			slices.SortFunc(nodes, func(x, y kv.Node) int {
+	return listCommand(a, listing[kv.Node]{
+		use: "list", short: "List nodes", what: "the node records",
+		load: func(ctx context.Context, c *client.Client) ([]kv.Node, error) {
+			entries, err := c.Nodes(ctx)
+			return values(entries, err, func(x, y kv.Node) int {
 				if c := x.Created.Compare(y.Created); c != 0 {
 					return c
 				}
 				return strings.Compare(x.ID, y.ID)
 			})
-			if asJSON {
-				return writeJSON(a.out, nodes)
-			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tLABEL\tSTATE\tAGE\tALLOCATED TO\tHOLDER\tIP\tEXTERNAL ID\tLAUNCHER\tCOMMENT")
-			for _, n := range nodes {
-				comment := n.Comment
-				if comment == "" {
-					comment = n.Reason
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Provider, n.Pool, strings.Join(n.Labels, ","),
-					n.State, age(n.StateTime, now), orDash(n.AllocatedTo), orDash(n.Holder), orDash(n.InterfaceIP),
-					orDash(n.ExternalID), orDash(n.Launcher), orDash(comment))
-			}
-			return tw.Flush()
 		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the node records as JSON")
-	return cmd
+		columns: []string{"ID", "PROVIDER", "POOL", "LABEL", "STATE", "AGE", "ALLOCATED TO", "HOLDER", "IP", "EXTERNAL ID", "LAUNCHER", "COMMENT"},
+		row: func(n kv.Node, now time.Time) []string {
+			comment := n.Comment
+			if comment == "" {
+				comment = n.Reason
+			}
+			return []string{n.ID, n.Provider, n.Pool, strings.Join(n.Labels, ","), string(n.State), age(n.StateTime, now),
+				orDash(n.AllocatedTo), orDash(n.Holder), orDash(n.InterfaceIP), orDash(n.ExternalID), orDash(n.Launcher), orDash(comment)}
+		},
+	})
 }
 
 func (a *app) requestListCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "request-list",
-		Short: "List node requests",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			entries, err := c.Requests(cmd.Context())
-			if err != nil {
-				return err
-			}
-			reqs := make([]kv.Request, len(entries))
-			for i, e := range entries {
-				reqs[i] = e.Value
-			}
-			slices.SortFunc(reqs, func(x, y kv.Request) int {
+	return listCommand(a, listing[kv.Request]{
+		use: "request-list", short: "List node requests", what: "the request records",
+		load: func(ctx context.Context, c *client.Client) ([]kv.Request, error) {
+			entries, err := c.Requests(ctx)
+			return values(entries, err, func(x, y kv.Request) int {
 				if c := x.Created.Compare(y.Created); c != 0 {
 					return c
 				}
 				return strings.Compare(x.ID, y.ID)
 			})
-			if asJSON {
-				return writeJSON(a.out, reqs)
-			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tLABELS\tNODES\tPOOL\tREQUESTOR\tPRIORITY\tAGE\tREASON")
-			for _, r := range reqs {
-				pool := "-"
-				if r.Provider != "" {
-					pool = kv.PoolRef(r.Provider, r.Pool)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.ID, r.State, strings.Join(r.Labels, ","),
-					orDash(strings.Join(r.Nodes, ",")), pool, orDash(r.Requestor), r.Priority, r.RelativePriority,
-					age(r.Created, now), orDash(r.Reason))
-			}
-			return tw.Flush()
 		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the request records as JSON")
-	return cmd
+		columns: []string{"ID", "STATE", "LABELS", "NODES", "POOL", "REQUESTOR", "PRIORITY", "AGE", "REASON"},
+		row: func(r kv.Request, now time.Time) []string {
+			pool := "-"
+			if r.Provider != "" {
+				pool = kv.PoolRef(r.Provider, r.Pool)
+			}
+			return []string{r.ID, string(r.State), strings.Join(r.Labels, ","), orDash(strings.Join(r.Nodes, ",")), pool,
+				orDash(r.Requestor), fmt.Sprintf("%d/%d", r.Priority, r.RelativePriority), age(r.Created, now), orDash(r.Reason)}
+		},
+	})
 }
 
 func (a *app) returnCmd() *cobra.Command {

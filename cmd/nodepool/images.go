@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nodepool-nats/nodepool/builder"
+	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
@@ -94,79 +95,33 @@ func humanSize(n int64) string {
 }
 
 func (a *app) dibImageListCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "dib-image-list",
-		Short: "List image builds",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			entries, err := c.Images().Builds.List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			builds := make([]kv.ImageBuild, len(entries))
-			for i, e := range entries {
-				builds[i] = e.Value
-			}
-			slices.SortFunc(builds, func(x, y kv.ImageBuild) int { return strings.Compare(x.Key(), y.Key()) })
-			if asJSON {
-				return writeJSON(a.out, builds)
-			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tIMAGE\tBUILDER\tFORMATS\tSIZE\tSTATE\tAGE\tREASON")
-			for _, b := range builds {
-				fmt.Fprintf(tw, "%s-%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.Image, b.ID, b.Image, b.Builder, strings.Join(b.Formats, ","),
-					humanSize(b.Size), b.State, age(b.StateTime, now), orDash(b.Reason))
-			}
-			return tw.Flush()
+	return listCommand(a, listing[kv.ImageBuild]{
+		use: "dib-image-list", short: "List image builds", what: "the build records",
+		load: func(ctx context.Context, c *client.Client) ([]kv.ImageBuild, error) {
+			entries, err := c.Images().Builds.List(ctx)
+			return values(entries, err, func(x, y kv.ImageBuild) int { return strings.Compare(x.Key(), y.Key()) })
 		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the build records as JSON")
-	return cmd
+		columns: []string{"ID", "IMAGE", "BUILDER", "FORMATS", "SIZE", "STATE", "AGE", "REASON"},
+		row: func(b kv.ImageBuild, now time.Time) []string {
+			return []string{b.Image + "-" + b.ID, b.Image, b.Builder, strings.Join(b.Formats, ","),
+				humanSize(b.Size), string(b.State), age(b.StateTime, now), orDash(b.Reason)}
+		},
+	})
 }
 
 func (a *app) imageListCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "image-list",
-		Short: "List image uploads to providers",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			entries, err := c.Images().Uploads.List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			uploads := make([]kv.ImageUpload, len(entries))
-			for i, e := range entries {
-				uploads[i] = e.Value
-			}
-			slices.SortFunc(uploads, func(x, y kv.ImageUpload) int { return strings.Compare(x.Key(), y.Key()) })
-			if asJSON {
-				return writeJSON(a.out, uploads)
-			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BUILD ID\tUPLOAD ID\tPROVIDER\tIMAGE\tPROVIDER IMAGE NAME\tPROVIDER IMAGE ID\tSTATE\tAGE\tREASON")
-			for _, u := range uploads {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.BuildID, u.ID, u.Provider, u.Image, orDash(u.ExternalName),
-					orDash(u.ExternalID), u.State, age(u.StateTime, now), orDash(u.Reason))
-			}
-			return tw.Flush()
+	return listCommand(a, listing[kv.ImageUpload]{
+		use: "image-list", short: "List image uploads to providers", what: "the upload records",
+		load: func(ctx context.Context, c *client.Client) ([]kv.ImageUpload, error) {
+			entries, err := c.Images().Uploads.List(ctx)
+			return values(entries, err, func(x, y kv.ImageUpload) int { return strings.Compare(x.Key(), y.Key()) })
 		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the upload records as JSON")
-	return cmd
+		columns: []string{"BUILD ID", "UPLOAD ID", "PROVIDER", "IMAGE", "PROVIDER IMAGE NAME", "PROVIDER IMAGE ID", "STATE", "AGE", "REASON"},
+		row: func(u kv.ImageUpload, now time.Time) []string {
+			return []string{u.BuildID, u.ID, u.Provider, u.Image, orDash(u.ExternalName), orDash(u.ExternalID),
+				string(u.State), age(u.StateTime, now), orDash(u.Reason)}
+		},
+	})
 }
 
 // imageStatus is one line of image-status.

@@ -69,13 +69,12 @@ func (r *InstanceRecord) Status(now time.Time) string {
 // Provider is one fake provider: its pools' labels and flavors, and the
 // simulated cloud it talks to.
 type Provider struct {
-	cfg    *config.Provider
-	api    *kv.Store[apiWindow] // calls per second, when the cloud limits them
-	store  *kv.Store[InstanceRecord]
-	cache  *kv.Cache[InstanceRecord]
-	log    *slog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	cfg   *config.Provider
+	api   *kv.Store[apiWindow] // calls per second, when the cloud limits them
+	store *kv.Store[InstanceRecord]
+	cache *kv.Cache[InstanceRecord]
+	log   *slog.Logger
+	stop  func()
 
 	mu  sync.Mutex
 	rng *rand.Rand
@@ -126,7 +125,6 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		cfg:   cfg,
 		store: kv.NewStore[InstanceRecord](bucket),
 		log:   log,
-		done:  make(chan struct{}),
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 	}
 	if err := p.openImages(ctx, js, replicas); err != nil {
@@ -134,20 +132,12 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	}
 	p.cache = kv.NewCache(p.store, log)
 	p.cache.Observe(p.account)
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
-	go func() {
-		defer close(p.done)
-		_ = p.cache.Run(cctx)
-	}()
+	p.stop = p.cache.Start()
 	return p, nil
 }
 
 // Close stops watching the cloud.
-func (p *Provider) Close() {
-	p.cancel()
-	<-p.done
-}
+func (p *Provider) Close() { p.stop() }
 
 // apiWindow counts the calls the cloud took in one second, and how many
 // it refused (all seconds' refusals add up in the "refused" key).

@@ -144,8 +144,7 @@ type Provider struct {
 	requests *kv.Cache[kv.Request]
 	log      *slog.Logger
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	stopNodes, stopRequests func()
 }
 
 // New prepares a metastatic provider and starts watching the node and
@@ -162,27 +161,15 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log 
 	p := &Provider{
 		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log,
 		nodes: kv.NewCache(b.Nodes, log), requests: kv.NewCache(b.Requests, log),
-		done: make(chan struct{}),
 	}
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
-	go func() {
-		defer close(p.done)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = p.requests.Run(cctx)
-		}()
-		_ = p.nodes.Run(cctx)
-		<-done
-	}()
+	p.stopNodes, p.stopRequests = p.nodes.Start(), p.requests.Start()
 	return p, nil
 }
 
 // Close stops watching.
 func (p *Provider) Close() {
-	p.cancel()
-	<-p.done
+	p.stopNodes()
+	p.stopRequests()
 }
 
 func (p *Provider) synced(ctx context.Context) error {

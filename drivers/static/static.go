@@ -48,8 +48,7 @@ type Provider struct {
 	nodes *kv.Cache[kv.Node]
 	log   *slog.Logger
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	stop func()
 }
 
 // New prepares a static provider and starts watching the node records.
@@ -63,21 +62,13 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log 
 		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
 	}
 	log = log.With("provider", cfg.Name)
-	p := &Provider{cfg: cfg, store: b.Nodes, nodes: kv.NewCache(b.Nodes, log), log: log, done: make(chan struct{})}
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
-	go func() {
-		defer close(p.done)
-		_ = p.nodes.Run(cctx)
-	}()
+	p := &Provider{cfg: cfg, store: b.Nodes, nodes: kv.NewCache(b.Nodes, log), log: log}
+	p.stop = p.nodes.Start()
 	return p, nil
 }
 
 // Close stops watching.
-func (p *Provider) Close() {
-	p.cancel()
-	<-p.done
-}
+func (p *Provider) Close() { p.stop() }
 
 // NodeData is what a static node keeps in driver_data.
 type NodeData struct {
