@@ -129,6 +129,15 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	if opts.ImagesDir == "" || opts.BuildLogDir == "" {
 		return nil, errors.New("builder needs an images folder and a build log folder")
 	}
+	// Builds run in folders of their own: relative paths (the default data
+	// folder is ./data) must not be read from there.
+	for _, dir := range []*string{&opts.ImagesDir, &opts.BuildLogDir} {
+		abs, err := filepath.Abs(*dir)
+		if err != nil {
+			return nil, fmt.Errorf("folder %s: %w", *dir, err)
+		}
+		*dir = abs
+	}
 	if opts.BuildWorkers < 0 || opts.UploadWorkers < 0 {
 		return nil, fmt.Errorf("worker counts must be 0 or more, got %d build and %d upload workers", opts.BuildWorkers, opts.UploadWorkers)
 	}
