@@ -467,3 +467,38 @@ func TestMetastaticFreesSlotsOfVanishedNodes(t *testing.T) {
 		return h.nodes.Len() == 0 && h.requests.Len() == 0 && h.instanceCount("cloud") == 0
 	})
 }
+
+// A backing node an operator deletes takes its ready carved nodes with it;
+// nothing is handed out on a machine that is gone, and nothing is left.
+func TestMetastaticDropsCarvedNodesOfADeletedBackingNode(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 60\n"))
+	h.startLauncher("l1")
+	id := h.submit(events.RequestMessage{Labels: []string{"small", "small"}, Requestor: "test"})
+	h.waitDone(30*time.Second, id)
+	r, _ := h.request(id)
+	if r.State != kv.RequestFulfilled {
+		t.Fatalf("request is %s: %s", r.State, r.Reason)
+	}
+	// Not taken: the carved nodes go back to the pool, ready.
+	if err := h.client.DeleteRequest(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	h.until(10*time.Second, "two ready carved nodes", func() bool {
+		return h.countNodes(func(n *kv.Node) bool {
+			return n.Provider == "meta" && n.State == kv.NodeReady && n.AllocatedTo == ""
+		}) == 2
+	})
+	backing := h.backings()
+	if len(backing) != 1 {
+		t.Fatalf("%d backing nodes", len(backing))
+	}
+	for bid := range backing {
+		if err := h.client.DeleteNode(t.Context(), bid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.until(20*time.Second, "carved nodes and backing node gone", func() bool {
+		return h.nodes.Len() == 0 && h.instanceCount("cloud") == 0
+	})
+}

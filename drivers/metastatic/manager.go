@@ -37,7 +37,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	defer p.requests.Unsubscribe(reqSub)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	m := &manager{p: p, filed: map[string]filed{}}
+	m := &manager{p: p, filed: map[string]filed{}, orphans: map[string]int{}}
 	for {
 		nodeSub.Drain()
 		reqSub.Drain()
@@ -65,6 +65,9 @@ type manager struct {
 	// have not shown up yet: they count as open, so that a burst of
 	// changes does not publish the same request twice.
 	filed map[string]filed
+	// orphans counts the passes that saw a ready carved node whose backing
+	// node is gone (deleted by an operator, say).
+	orphans map[string]int
 }
 
 type filed struct {
@@ -107,6 +110,8 @@ func (m *manager) pass(ctx context.Context) {
 		}
 		return true
 	})
+
+	m.dropOrphans(ctx, backings)
 
 	// Backing requests: take what was fulfilled, clear away what failed,
 	// count what is still open.
@@ -201,6 +206,55 @@ func (m *manager) pass(ctx context.Context) {
 			continue
 		}
 		m.release(ctx, b.Key, now)
+	}
+}
+
+// dropOrphans deletes ready carved nodes whose backing node is no longer
+// ours (an operator deleted it): they would be handed out with a machine
+// that is gone. A node seen so in two passes in a row goes; one allocated
+// to a request is then replaced by that request's pool.
+func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
+	p := m.p
+	ours := map[string]bool{}
+	for _, b := range backings {
+		ours[b.Key] = true
+	}
+	seen := map[string]bool{}
+	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := &e.Value
+		if n.Provider != p.cfg.Name || n.State != kv.NodeReady {
+			return true
+		}
+		if d, ok := decodeJSON[CarvedData](n.DriverData); ok && d.BackingNode != "" && !ours[d.BackingNode] {
+			seen[e.Key] = true
+		}
+		return true
+	})
+	for id := range m.orphans {
+		if !seen[id] {
+			delete(m.orphans, id)
+		}
+	}
+	for id := range seen {
+		m.orphans[id]++
+		if m.orphans[id] < 2 {
+			continue
+		}
+		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			d, ok := decodeJSON[CarvedData](n.DriverData)
+			if n.State != kv.NodeReady || !ok || ours[d.BackingNode] {
+				return kv.ErrSkip
+			}
+			p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
+			n.SetState(kv.NodeDeleting, time.Now().UTC())
+			n.Launcher = ""
+			n.Comment = "backing node " + d.BackingNode + " is gone"
+			return nil
+		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			p.log.Warn("could not delete orphaned carved node", "node", id, "err", err)
+		}
+		delete(m.orphans, id)
 	}
 }
 
