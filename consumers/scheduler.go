@@ -560,6 +560,11 @@ func (s *scheduler) cannotServe(r *kv.Request) string {
 	if why, over := exceeds(all, poolLimits(s.pool)); over {
 		return "needs more than the pool's whole quota (" + why + ")"
 	}
+	if s.registered {
+		if why := s.registeredShort(r.Labels); why != "" {
+			return why
+		}
+	}
 	if why, over := exceeds(all, s.cloud.limits); over {
 		return "needs more than the provider's whole quota (" + why + ")"
 	}
@@ -567,6 +572,35 @@ func (s *scheduler) cannotServe(r *kv.Request) string {
 		if why, over := exceeds(all, tenantLimits(tl)); over {
 			return "needs more than tenant " + r.Tenant + " may ever hold (" + why + ")"
 		}
+	}
+	return ""
+}
+
+// registeredShort says why a pool of registered hosts (static) could never
+// serve these labels at once: more nodes of a label, or more nodes in all,
+// than its hosts' max-parallel-jobs add up to. "" if it could.
+func (s *scheduler) registeredShort(labels []string) string {
+	if len(s.pool.Nodes) == 0 {
+		return ""
+	}
+	slots, total := map[string]int{}, 0
+	for _, h := range s.pool.Nodes {
+		total += h.MaxParallelJobs
+		for _, l := range h.Labels {
+			slots[l] += h.MaxParallelJobs
+		}
+	}
+	want := map[string]int{}
+	for _, l := range labels {
+		want[l]++
+	}
+	for l, n := range want {
+		if n > slots[l] {
+			return fmt.Sprintf("needs %d nodes of %s; the pool's hosts give %d", n, l, slots[l])
+		}
+	}
+	if len(labels) > total {
+		return fmt.Sprintf("needs %d nodes; the pool's hosts give %d in all", len(labels), total)
 	}
 	return ""
 }

@@ -310,3 +310,45 @@ providers:
 		t.Errorf("request for static-b = %s %v (%s)", r.State, r.Nodes, r.Reason)
 	}
 }
+
+// A static pool declines at once a request its hosts could never hold
+// together, and serves one they can.
+func TestStaticDeclinesWhatItsHostsCannotHold(t *testing.T) {
+	t.Parallel()
+	srv := sshtest.Start(t)
+	h := newHarness(t, fmt.Sprintf(`
+labels:
+  - name: static-a
+  - name: static-b
+providers:
+  - name: rack
+    driver: static
+    pools:
+      - name: main
+        nodes:
+          - name: %s
+            connection-port: %d
+            labels: [static-a, static-b]
+            max-parallel-jobs: 2
+`, srv.Host, srv.Port))
+	h.startLauncher("l1")
+	cases := []struct {
+		labels []string
+		reason string
+	}{
+		{[]string{"static-b", "static-b", "static-b"}, "needs 3 nodes of static-b; the pool's hosts give 2"},
+		{[]string{"static-a", "static-b", "static-a"}, "needs 3 nodes; the pool's hosts give 2 in all"},
+		{[]string{"static-a", "static-b"}, ""},
+	}
+	for _, c := range cases {
+		id := h.submit(events.RequestMessage{Labels: c.labels})
+		h.waitDone(20*time.Second, id)
+		r, _ := h.request(id)
+		switch {
+		case c.reason == "" && r.State != kv.RequestFulfilled:
+			t.Errorf("%v: %s %q, want fulfilled", c.labels, r.State, r.Reason)
+		case c.reason != "" && (r.State != kv.RequestFailed || !strings.Contains(r.Reason, c.reason)):
+			t.Errorf("%v: %s %q, want failed: %s", c.labels, r.State, r.Reason, c.reason)
+		}
+	}
+}
