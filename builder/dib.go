@@ -235,6 +235,25 @@ func killTree(pid int) {
 	for _, p := range tree {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 	}
+	// SIGKILL takes effect when each process next runs: wait (briefly)
+	// until they are gone, so that a build recorded as stopped has no
+	// process left.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range tree {
+		for running(p) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// running reports whether a process exists and is not a zombie.
+func running(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	return i > 0 && len(data) > i+2 && data[i+2] != 'Z' && data[i+2] != 'X'
 }
 
 // descendants lists every descendant of a process, from /proc.
