@@ -393,20 +393,15 @@ func (b *Builder) backoff(n int) time.Duration {
 func (b *Builder) heartbeat(ctx context.Context) error {
 	host, _ := os.Hostname()
 	now := time.Now().UTC()
-	c := &kv.Component{ID: b.opts.ID, Roles: []string{config.RoleBuilder}, Hostname: host, PID: os.Getpid(),
+	c := kv.Component{ID: b.opts.ID, Roles: []string{config.RoleBuilder}, Hostname: host, PID: os.Getpid(),
 		Version: b.opts.Version, Heartbeat: now, Started: now}
-	e, err := b.b.Components.Get(ctx, b.opts.ID)
-	if errors.Is(err, kv.ErrNotFound) {
-		_, err = b.b.Components.Create(ctx, b.opts.ID, c)
-		return err
-	}
-	if err != nil && !errors.Is(err, kv.ErrBadRecord) {
-		return err
-	}
-	if !e.Value.Started.IsZero() {
-		c.Started = e.Value.Started
-	}
-	_, err = b.b.Components.Update(ctx, b.opts.ID, c, e.Revision)
+	_, err := b.b.Components.Upsert(ctx, b.opts.ID, func(cur *kv.Component, found bool) {
+		started := cur.Started
+		*cur = c
+		if found && !started.IsZero() {
+			cur.Started = started
+		}
+	})
 	return err
 }
 

@@ -252,28 +252,18 @@ func (l *Launcher) component() *kv.Component {
 // heartbeat writes the component record (creating it if it expired).
 func (l *Launcher) heartbeat(ctx context.Context) error {
 	c := l.component()
-	e, err := l.b.Components.Get(ctx, l.opts.ID)
-	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		c.Started = c.Heartbeat
-		rev, err := l.b.Components.Create(ctx, l.opts.ID, c)
-		if err != nil {
-			return err
+	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
+		started := cur.Started
+		*cur = *c
+		cur.Started = started
+		if !found || started.IsZero() {
+			cur.Started = c.Heartbeat
 		}
-		l.components.Apply(kv.Entry[kv.Component]{Key: l.opts.ID, Value: *c, Revision: rev})
-		return nil
-	case err != nil && !errors.Is(err, kv.ErrBadRecord):
-		return err
-	}
-	c.Started = e.Value.Started
-	if c.Started.IsZero() {
-		c.Started = c.Heartbeat
-	}
-	rev, err := l.b.Components.Update(ctx, l.opts.ID, c, e.Revision)
+	})
 	if err != nil {
 		return err
 	}
-	l.components.Apply(kv.Entry[kv.Component]{Key: l.opts.ID, Value: *c, Revision: rev})
+	l.components.Apply(e)
 	return nil
 }
 

@@ -202,3 +202,30 @@ func TestCloneIsDeep(t *testing.T) {
 		t.Errorf("changing the request clone changed the original: %+v", r)
 	}
 }
+
+// Upsert creates or updates, and retries when another writer (or an
+// expiry) got there first: concurrent upserts all land.
+func TestUpsert(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			_, err := b.Components.Upsert(ctx, "c1", func(c *kv.Component, found bool) {
+				if !found {
+					c.ID = "c1"
+				}
+				c.PID++
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	e, err := b.Components.Get(ctx, "c1")
+	if err != nil || e.Value.PID != 20 || e.Value.ID != "c1" {
+		t.Fatalf("after 20 upserts: %+v, %v", e.Value, err)
+	}
+}

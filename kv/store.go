@@ -178,6 +178,40 @@ func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (E
 	}
 }
 
+// Upsert writes a record whether or not it exists: fn gets the current one
+// (found false, and a zero value, if there is none, or it is not a valid
+// record) and fills in what to write. A writer that got there first, or
+// the key expiring in between, makes Upsert read and try again.
+func (s *Store[T]) Upsert(ctx context.Context, key string, fn func(cur *T, found bool)) (Entry[T], error) {
+	for {
+		e, err := s.Get(ctx, key)
+		found := err == nil
+		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrBadRecord) {
+			return e, err
+		}
+		if !found {
+			e.Value = *new(T)
+		}
+		fn(&e.Value, found)
+		var rev uint64
+		if errors.Is(err, ErrNotFound) {
+			rev, err = s.Create(ctx, key, &e.Value)
+		} else {
+			rev, err = s.Update(ctx, key, &e.Value, e.Revision)
+		}
+		if errors.Is(err, ErrExists) || errors.Is(err, ErrConflict) {
+			if ctx.Err() != nil {
+				return e, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return e, err
+		}
+		return Entry[T]{Key: key, Value: e.Value, Revision: rev}, nil
+	}
+}
+
 // Keys lists the keys of the bucket.
 func (s *Store[T]) Keys(ctx context.Context) ([]string, error) {
 	var lister jetstream.KeyLister
