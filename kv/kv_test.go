@@ -212,11 +212,11 @@ func TestUpsert(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Go(func() {
-			_, err := b.Components.Upsert(ctx, "c1", func(c *kv.Component, found bool) {
+			_, err := b.Requests.Upsert(ctx, "c1", func(r *kv.Request, found bool) {
 				if !found {
-					c.ID = "c1"
+					r.ID = "c1"
 				}
-				c.PID++
+				r.Priority++
 			})
 			if err != nil {
 				t.Error(err)
@@ -224,8 +224,8 @@ func TestUpsert(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	e, err := b.Components.Get(ctx, "c1")
-	if err != nil || e.Value.PID != 20 || e.Value.ID != "c1" {
+	e, err := b.Requests.Get(ctx, "c1")
+	if err != nil || e.Value.Priority != 20 || e.Value.ID != "c1" {
 		t.Fatalf("after 20 upserts: %+v, %v", e.Value, err)
 	}
 }
