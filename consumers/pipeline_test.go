@@ -185,16 +185,13 @@ func TestInvalidMessagesGiveFailedRecords(t *testing.T) {
 		{"unknown label", `{"id": "unknown-label", "labels": ["small", "huge"]}`, "unknown-label", "unknown label(s) huge"},
 		{"requestor_data not an object", `{"id": "rd", "labels": ["small"], "requestor_data": 5}`, "rd", "requestor_data"},
 	}
-	first := 0
 	for i, c := range cases {
 		h.publishRaw(c.message)
 		if i == 4 {
 			// A valid request among the bad ones is served as usual.
-			first = len(cases)
 			h.publishRaw(`{"id": "good", "labels": ["small"]}`)
 		}
 	}
-	_ = first
 	seqID := func(i int) string {
 		// Messages were published in order; the valid one came 6th.
 		seq := i + 1
