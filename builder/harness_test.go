@@ -370,9 +370,16 @@ func (h *harness) uploadsIn(image, provider string, state kv.ImageState) []kv.Im
 }
 
 // cloudImage returns an image of a fake cloud.
+// cloudImage reads an image of a fake cloud from its bucket (not the
+// cache, which may be behind the upload records).
 func (h *harness) cloudImage(cloud, id string) (fake.ImageRecord, bool) {
-	e, ok := h.clouds[cloud].Get(id)
-	return e.Value, ok
+	h.t.Helper()
+	bucket, err := h.js.KeyValue(h.t.Context(), fake.ImagesBucketName(cloud))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	e, err := kv.NewStore[fake.ImageRecord](bucket).Get(h.t.Context(), id)
+	return e.Value, err == nil
 }
 
 // objectSHA256 reads an object of the image files store and hashes it.
