@@ -56,6 +56,8 @@ func TestRequestLifecycle(t *testing.T) {
 			t.Errorf("node %s lacks instance details: %+v", nid, n)
 		}
 	}
+	// The cloud's cache may be a moment behind the request's.
+	h.until(5*time.Second, "the three instances seen", func() bool { return h.instanceCount("cloud1") >= 3 })
 	if got := h.instanceCount("cloud1"); got != 3 {
 		t.Errorf("cloud has %d instances, want 3", got)
 	}
