@@ -16,6 +16,24 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
+// trigger reads a trigger message's metadata and returns drop, which
+// acknowledges a message that cannot be acted on, with a log line and a
+// count. A message without metadata is dropped at once (ok false).
+func (b *Builder) trigger(ctx context.Context, msg jetstream.Msg, kind string) (*jetstream.MsgMetadata, func(slog.Level, string, ...any), bool) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		b.log.Error(kind+" trigger without metadata; dropping it", "subject", msg.Subject(), "err", err)
+		_ = msg.Ack()
+		return nil, nil, false
+	}
+	drop := func(level slog.Level, why string, args ...any) {
+		b.log.Log(ctx, level, why, append([]any{"subject", msg.Subject(), "seq", meta.Sequence.Stream}, args...)...)
+		b.metrics.TriggersDropped.Add(1)
+		_ = msg.Ack()
+	}
+	return meta, drop, true
+}
+
 // handleBuild answers one build trigger. Whatever the message holds, the
 // worker goes on; the message is acknowledged once the build it asked for
 // is recorded ready or failed (or once it is clear no build is needed).
@@ -26,16 +44,9 @@ import (
 // build. One build of an image runs at a time: its lease build.<image> is
 // held while it runs, renewed with the message.
 func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		b.log.Error("build trigger without metadata; dropping it", "subject", msg.Subject(), "err", err)
-		_ = msg.Ack()
+	meta, drop, ok := b.trigger(ctx, msg, "build")
+	if !ok {
 		return
-	}
-	drop := func(level slog.Level, why string, args ...any) {
-		b.log.Log(ctx, level, why, append([]any{"subject", msg.Subject(), "seq", meta.Sequence.Stream}, args...)...)
-		b.metrics.TriggersDropped.Add(1)
-		_ = msg.Ack()
 	}
 	image, err := events.ParseBuildSubject(msg.Subject())
 	if err != nil {

@@ -23,16 +23,9 @@ import (
 // tried again by the scheduler after a backoff, and never holds up the
 // uploads to other providers, which are other messages.
 func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		b.log.Error("upload trigger without metadata; dropping it", "subject", msg.Subject(), "err", err)
-		_ = msg.Ack()
+	meta, drop, ok := b.trigger(ctx, msg, "upload")
+	if !ok {
 		return
-	}
-	drop := func(level slog.Level, why string, args ...any) {
-		b.log.Log(ctx, level, why, append([]any{"subject", msg.Subject(), "seq", meta.Sequence.Stream}, args...)...)
-		b.metrics.TriggersDropped.Add(1)
-		_ = msg.Ack()
 	}
 	image, provider, err := events.ParseUploadSubject(msg.Subject())
 	if err != nil {
