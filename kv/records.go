@@ -66,6 +66,8 @@ type Node struct {
 	ConnectionType string            `json:"connection_type"`
 	ConnectionPort int               `json:"connection_port"`
 	Username       string            `json:"username"`
+	PythonPath     string            `json:"python_path"`
+	ShellType      string            `json:"shell_type"`
 	HostKeys       []string          `json:"host_keys"`
 	ImageID        string            `json:"image_id"`
 	AllocatedTo    string            `json:"allocated_to"`
@@ -150,6 +152,9 @@ type Request struct {
 	Reason           string          `json:"reason"`
 	Created          time.Time       `json:"created"`
 	StateTime        time.Time       `json:"state_time"`
+	// LeaseUntil, when set, is renewed by the requestor; a request whose
+	// lease ran out is treated as deleted and its nodes are freed.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
 }
 
 // SetState changes the state and its timestamp.
@@ -167,6 +172,10 @@ func (r *Request) Clone() Request {
 	c.Nodes = slices.Clone(r.Nodes)
 	c.DeclinedBy = slices.Clone(r.DeclinedBy)
 	c.RequestorData = slices.Clone(r.RequestorData)
+	if r.LeaseUntil != nil {
+		t := *r.LeaseUntil
+		c.LeaseUntil = &t
+	}
 	return c
 }
 
