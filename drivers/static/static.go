@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/hostkeys"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -400,7 +401,7 @@ func CheckHost(ctx context.Context, h *config.StaticNode) ([]string, error) {
 		_ = c.Close()
 		return []string{}, nil
 	}
-	keys, err := ScanHostKeys(ctx, addr, h.Timeout.D())
+	keys, err := hostkeys.Scan(ctx, addr, h.Timeout.D())
 	if err != nil {
 		return nil, fmt.Errorf("host %s is unreachable: %w", addr, err)
 	}

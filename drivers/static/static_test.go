@@ -13,21 +13,6 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-func TestScanHostKeysGathersEveryKey(t *testing.T) {
-	t.Parallel()
-	srv := sshtest.Start(t, sshtest.Ed25519, sshtest.ECDSA, sshtest.RSA)
-	keys, err := ScanHostKeys(t.Context(), srv.Addr(), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := srv.HostKeys()
-	slices.Sort(keys)
-	slices.Sort(want)
-	if !slices.Equal(keys, want) {
-		t.Errorf("scanned keys\n%s\nwant\n%s", strings.Join(keys, "\n"), strings.Join(want, "\n"))
-	}
-}
-
 // closedPort returns a loopback address where nothing listens.
 func closedPort(t *testing.T) (string, int) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -133,17 +118,5 @@ func TestNodeIDsAndReregister(t *testing.T) {
 	d := nodeData(n)
 	if n.State != kv.NodeInit || n.AllocatedTo != "" || n.Holder != "" || n.LeaseUntil != nil || n.Launcher != "" || d.Spec != "abc" || d.Failures != 0 || !d.NextCheck.IsZero() {
 		t.Errorf("re-registered node = %+v, driver data %+v", n, d)
-	}
-}
-
-// BenchmarkScanHostKeys measures one host check: a handshake per host key
-// algorithm the host has (here ed25519 and ECDSA) on loopback.
-func BenchmarkScanHostKeys(b *testing.B) {
-	srv := sshtest.Start(b, sshtest.Ed25519, sshtest.ECDSA)
-	for b.Loop() {
-		keys, err := ScanHostKeys(b.Context(), srv.Addr(), 5*time.Second)
-		if err != nil || len(keys) != 2 {
-			b.Fatalf("keys %v, err %v", keys, err)
-		}
 	}
 }

@@ -1,4 +1,7 @@
-package static
+// Package hostkeys gathers the SSH host keys a machine offers, as ssh-keyscan
+// does, for drivers that check a node before it goes into service (static
+// hosts, booted cloud instances).
+package hostkeys
 
 import (
 	"context"
@@ -25,11 +28,11 @@ var hostKeyAlgorithms = []string{
 // logs in.
 var errGotKey = errors.New("host key received")
 
-// ScanHostKeys connects to an SSH server and returns the host keys it
+// Scan connects to an SSH server and returns the host keys it
 // offers, each as "type base64" (the form of a node's host_keys). timeout
 // bounds each connection, from dial to key. An error means the host could
 // not be reached or did not speak SSH.
-func ScanHostKeys(ctx context.Context, addr string, timeout time.Duration) ([]string, error) {
+func Scan(ctx context.Context, addr string, timeout time.Duration) ([]string, error) {
 	var keys []string
 	var offered []string // the host's algorithms, once a negotiation told them
 	for _, algo := range hostKeyAlgorithms {
