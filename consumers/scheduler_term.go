@@ -23,6 +23,10 @@ type term struct {
 	cloud cloudQuota
 	// paused: the pool waits on quota (announced in the heartbeat).
 	paused bool
+
+	// The change queues the index is kept from.
+	reqSub  *kv.Subscription[kv.Request]
+	nodeSub *kv.Subscription[kv.Node]
 }
 
 func newTerm(s *scheduler) *term {
@@ -50,10 +54,8 @@ func (t *term) run(ctx context.Context) {
 	quotaC := make(chan cloudQuota, 1)
 	go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
 
-	reqSub := t.l.requests.Subscribe()
-	defer t.l.requests.Unsubscribe(reqSub)
-	nodeSub := t.l.nodes.Subscribe()
-	defer t.l.nodes.Unsubscribe(nodeSub)
+	t.subscribe()
+	defer t.unsubscribe()
 	compSub := t.l.components.Subscribe()
 	defer t.l.components.Unsubscribe(compSub)
 	imgWatch := t.l.images.watch()
@@ -72,10 +74,10 @@ func (t *term) run(ctx context.Context) {
 			t.idx.dirty[k] = true
 			t.idx.suspects[k] = true
 		}
-		for _, ch := range reqSub.Drain() {
+		for _, ch := range t.reqSub.Drain() {
 			t.idx.applyRequest(ch)
 		}
-		for _, ch := range nodeSub.Drain() {
+		for _, ch := range t.nodeSub.Drain() {
 			t.idx.applyNode(ch)
 		}
 		compSub.Drain()
@@ -87,15 +89,37 @@ func (t *term) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-reqSub.C():
-		case <-nodeSub.C():
+		case <-t.reqSub.C():
+		case <-t.nodeSub.C():
 		case <-compSub.C():
 		case <-imgWatch.C():
 		case <-t.jobs.doneC:
 		case <-tick.C:
-			t.idx.markAll()
+			t.rebuild()
 		case q := <-quotaC:
 			t.cloud = q
 		}
 	}
+}
+
+// subscribe starts the change queues; each begins with every record the
+// caches hold.
+func (t *term) subscribe() {
+	t.reqSub = t.l.requests.Subscribe()
+	t.nodeSub = t.l.nodes.Subscribe()
+}
+
+func (t *term) unsubscribe() {
+	t.l.requests.Unsubscribe(t.reqSub)
+	t.l.nodes.Unsubscribe(t.nodeSub)
+}
+
+// rebuild drops the index and builds it again from the caches, as a safety
+// net under the incremental indexing: a change it missed heals here. Every
+// pending request and every allocated node is looked at again on the next
+// pass.
+func (t *term) rebuild() {
+	t.unsubscribe()
+	t.idx = newPoolIndex(t.prov.Name, t.pool.Name)
+	t.subscribe()
 }
