@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -87,16 +88,13 @@ func (lc *lifecycle) mayDrive(id string, state kv.NodeState) bool {
 }
 
 // keepHeartbeat renews the heartbeat every quarter of the TTL (and at once
-// when a pool's pause changes), fences this process when renewals fail for
-// two thirds of the TTL, and resumes its nodes once they succeed again.
+// when a pool's pause changes); once a renewal succeeds after the process
+// fenced itself, it resumes the nodes that still name this process.
 func (l *Launcher) keepHeartbeat(ctx context.Context) {
 	t := time.NewTicker(l.beatEvery())
 	defer t.Stop()
-	watchdog := time.NewTimer(l.untilFenced())
-	defer watchdog.Stop()
-	fenced := false
 	beat := func() {
-		hctx, cancel := context.WithTimeout(ctx, max(l.untilFenced(), l.beatEvery()))
+		hctx, cancel := context.WithTimeout(ctx, l.beatEvery())
 		defer cancel()
 		if err := l.heartbeat(hctx); err != nil {
 			if ctx.Err() == nil {
@@ -104,9 +102,7 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 			}
 			return
 		}
-		watchdog.Reset(max(l.untilFenced(), time.Millisecond))
-		if fenced {
-			fenced = false
+		if l.fencedOff.CompareAndSwap(true, false) {
 			l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
 			l.lifecycle.wg.Go(func() { l.lifecycle.resumeOwn(ctx) })
 		}
@@ -119,18 +115,22 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 			beat()
 		case <-t.C:
 			beat()
-		case <-watchdog.C:
-			if d := l.untilFenced(); d > 0 {
-				watchdog.Reset(d)
-				continue
-			}
-			if !fenced {
-				fenced = true
-				l.log.Error("heartbeat not renewed for two thirds of the lease TTL; stopping every machine until it is",
-					"lease_ttl", l.opts.LeaseTTL)
-				l.lifecycle.stopMachines()
-			}
-			watchdog.Reset(l.beatEvery())
 		}
+	}
+}
+
+// watchFence stops every machine as soon as the process is fenced, and
+// says so once per time.
+func (l *Launcher) watchFence(ctx context.Context) {
+	for wait.Sleep(ctx, max(l.untilFenced(), time.Millisecond)) {
+		if !l.fenced() || l.fencedOff.Swap(true) {
+			if l.fenced() {
+				wait.Sleep(ctx, l.beatEvery()) // already fenced: look again later
+			}
+			continue
+		}
+		l.log.Error("heartbeat not renewed for two thirds of the lease TTL; stopping every machine until it is",
+			"lease_ttl", l.opts.LeaseTTL)
+		l.lifecycle.stopMachines()
 	}
 }

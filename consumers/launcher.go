@@ -77,6 +77,9 @@ type Launcher struct {
 	// the last successful heartbeat was sent (fence.go).
 	born     time.Time
 	lastBeat atomic.Int64
+	// fencedOff is set while the process is fenced and its machines
+	// stopped.
+	fencedOff atomic.Bool
 }
 
 // NewLauncher prepares a launcher; Run starts it.
@@ -176,6 +179,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
+	wg.Go(func() { l.watchFence(ctx) })
 	if len(l.limiters) > 0 {
 		wg.Go(func() { l.shareRates(ctx) })
 	}

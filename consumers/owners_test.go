@@ -9,6 +9,8 @@ import (
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -104,4 +106,54 @@ providers:
 		return ok && n.Value.State == kv.NodeReady
 	})
 	h.checkConsistent("c")
+}
+
+// A launcher cut off from NATS for longer than its lease stops driving its
+// machines before another launcher takes them over, and once back never
+// touches the instance the new owner drives: one instance is made for the
+// attempt, and the node ends ready on it.
+func TestFencedLauncherLeavesItsMachines(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels: [{name: small}]
+providers:
+  - name: c
+    driver: fake
+    boot-delay: 6
+    pools: [{name: p, labels: [small]}]
+`)
+	proxy := natstest.StartProxy(t, h.srv)
+	h.startLauncherVia("l1", h.cfg, proxy.URL())
+	h.waitLaunchers(1)
+	id := h.submit(events.RequestMessage{Labels: []string{"small"}})
+	var node string
+	h.until(20*time.Second, "the node booting under l1 with its instance", func() bool {
+		r, ok := h.request(id)
+		if !ok || len(r.Nodes) != 1 {
+			return false
+		}
+		node = r.Nodes[0]
+		n, ok := h.nodes.Get(node)
+		return ok && n.Value.State == kv.NodeBuilding && n.Value.Launcher == "l1" && h.instanceCount("c") == 1
+	})
+	h.startLauncher("l2")
+	h.waitLaunchers(2)
+	proxy.Cut()
+	h.until(20*time.Second, "l2 driving the node", func() bool {
+		n, ok := h.nodes.Get(node)
+		return ok && n.Value.Launcher == "l2"
+	})
+	proxy.Restore()
+	h.until(20*time.Second, "l1 back", func() bool { return h.components.Has("l1") })
+	h.waitDone(20*time.Second, id)
+	if r, _ := h.request(id); r.State != kv.RequestFulfilled {
+		t.Fatalf("request %s: %s", r.State, r.Reason)
+	}
+	n, _ := h.node(node)
+	if _, ok := h.instances["c"].Get(n.ExternalID); n.State != kv.NodeReady || !ok {
+		t.Errorf("node %s is %s on instance %q (exists: %v)", node, n.State, n.ExternalID, ok)
+	}
+	if got := h.instancesEverCreated("c"); got != 1 {
+		t.Errorf("%d instances created for one attempt", got)
+	}
 }

@@ -30,14 +30,18 @@ const quarantine = time.Minute
 
 // machinePanicked handles a create or delete machine that panicked: a
 // create's node is failed with the reason (its request fails with it, and
-// the node is deleted as any failed node); a delete is given up here and
-// left to be tried afresh later, by this process after the quarantine or
-// by another one.
+// the node is deleted as any failed node, its instance with it); a delete
+// is given up here and left to be tried afresh later, by this process
+// after the quarantine or by another one.
 func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 	lc.l.log.Error("machine panicked; failing its node", "node", e.Key, "state", e.Value.State, "panic", p, "stack", string(debug.Stack()))
-	lc.mu.Lock()
-	lc.panicked[e.Key] = time.Now()
-	lc.mu.Unlock()
+	if e.Value.State != kv.NodeBuilding {
+		// A failed create is deleted at once; a delete that panicked is
+		// left alone here for a while.
+		lc.mu.Lock()
+		lc.panicked[e.Key] = time.Now()
+		lc.mu.Unlock()
+	}
 	reason := panicReason(p)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(lc.ctx), 10*time.Second)
 	defer cancel()
