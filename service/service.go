@@ -40,6 +40,7 @@ type Process struct {
 	Log      *slog.Logger
 
 	server    *server.Server
+	lock      *DataDirLock
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	buckets   *kv.Buckets
@@ -60,6 +61,11 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	}()
 	url, opts := client.ConnectOptions(s, "nodepool "+s.ID)
 	if s.Embedded() {
+		lock, err := LockDataDir(s.DataDir, fmt.Sprintf("id %s, NATS on %s", s.ID, s.NatsListen))
+		if err != nil {
+			return nil, err
+		}
+		p.lock = lock
 		ns, err := StartEmbedded(s.NatsListen, filepath.Join(s.DataDir, "jetstream"), log)
 		if err != nil {
 			return nil, err
@@ -210,6 +216,7 @@ func (p *Process) Close() {
 		p.server.Shutdown()
 		p.server.WaitForShutdown()
 	}
+	p.lock.Release()
 }
 
 // StartEmbedded starts a nats-server with JetStream on addr (host:port),

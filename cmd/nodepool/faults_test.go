@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -109,4 +111,31 @@ func (r *records) consistent() bool {
 		return ok
 	})
 	return ok
+}
+
+// A second daemon on the data directory of a running one (another NATS
+// port, the same store) exits at once, naming the process that holds it,
+// instead of opening the same JetStream files.
+func TestSecondDaemonOnOneDataDirExits(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, slowBootConfig)
+	dataDir := t.TempDir()
+	first := startRun(t, runEnv(t, dataDir, freePort(t)), "-c", cfg, "--id", "first")
+	first.waitLog("launcher running", 60*time.Second)
+	second := startRun(t, runEnv(t, dataDir, freePort(t)), "-c", cfg, "--id", "second")
+	select {
+	case <-second.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second daemon did not exit")
+	}
+	out := second.output()
+	if second.err == nil || !strings.Contains(out, "is held by another nodepool process") || !strings.Contains(out, "id first") ||
+		!strings.Contains(out, fmt.Sprintf("pid %d", first.cmd.Process.Pid)) {
+		t.Errorf("second daemon: %v\n%s", second.err, out)
+	}
+	// The first runs on, and its data directory opens again once it stops.
+	_ = first.stop(syscall.SIGTERM, 30*time.Second)
+	third := startRun(t, runEnv(t, dataDir, freePort(t)), "-c", cfg, "--id", "third")
+	third.waitLog("launcher running", 60*time.Second)
+	_ = third.stop(syscall.SIGTERM, 30*time.Second)
 }
