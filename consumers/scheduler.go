@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ type scheduler struct {
 
 	// sizes is what one node of each label costs against quota.
 	sizes map[string]kv.Resources
+	// disabled are the pool's labels with min-ready below 0 (its value):
+	// no node of them is created.
+	disabled map[string]int
 
 	// State of one term as leader.
 	// The records as this scheduler has seen them, kept from the change
@@ -87,7 +91,7 @@ type jobDone struct {
 }
 
 func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *scheduler {
-	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}}
+	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}, disabled: map[string]int{}}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
 		size, err := l.opts.Providers[prov.Name].QuotaForLabel(pool.Name, pl.Name)
@@ -95,6 +99,9 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 			size.Instances = 1
 		}
 		s.sizes[pl.Name] = size
+		if lb, ok := l.opts.Config.Label(pl.Name); ok && lb.Disabled() {
+			s.disabled[pl.Name] = lb.MinReady
+		}
 	}
 	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])
 	s.log = l.log.With("pool", s.ref)
@@ -550,10 +557,16 @@ func newNodeID() string {
 // a label it does not provide, or more than its whole quota, its
 // provider's whole quota or the tenant's limits.
 func (s *scheduler) cannotServe(r *kv.Request) string {
+	if s.pool.Disabled() {
+		return fmt.Sprintf("the pool is disabled (max-servers: %d)", s.pool.MaxServers)
+	}
 	var all kv.Resources
 	for _, label := range r.Labels {
 		if !s.labels[label] {
 			return fmt.Sprintf("label %s is not in this pool", label)
+		}
+		if mr, off := s.disabled[label]; off {
+			return fmt.Sprintf("label %s is disabled (min-ready: %d)", label, mr)
 		}
 		all = all.Add(s.sizes[label])
 	}
@@ -858,7 +871,7 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
-		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
+		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,
 		Created: now, StateTime: now, Attempt: 1,
 	}
 	_, err = s.l.nodes.Create(ctx, n.ID, n)
