@@ -3,9 +3,11 @@ module github.com/nodepool-nats/nodepool/deploy
 go 1.26.8
 
 require (
+	github.com/google/go-containerregistry v0.22.1
 	github.com/kedacore/keda/v2 v2.21.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nodepool-nats/nodepool v0.0.0
+	golang.org/x/crypto/x509roots/fallback v0.0.0-20261030153154-30a33513ff6d
 	k8s.io/api v0.36.4
 	k8s.io/apimachinery v0.36.4
 	sigs.k8s.io/json v0.0.0-20260909141634-11ed52e25bc5
@@ -56,6 +58,8 @@ require (
 	github.com/nats-io/nats.go v1.55.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
