@@ -225,6 +225,10 @@ func (l *Launcher) createNewRequest(ctx context.Context, id string, r *kv.Reques
 	return e, nil
 }
 
+// requestLeaseGrace is how long a request recorded after its lease ran
+// out lives, for its requestor to renew it.
+const requestLeaseGrace = time.Minute
+
 // requestRecord builds the record of a request message: requested, or
 // failed with the reason it is not a valid request.
 func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.Request {
@@ -250,6 +254,16 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 		RequestorData:    m.RequestorData,
 		Created:          meta.Timestamp.UTC(),
 		StateTime:        now,
+	}
+	if m.LeaseUntil != nil {
+		// A request recorded after its lease ran out (the launchers were
+		// away) gets a moment more, so a requestor that is still there
+		// can renew it.
+		until := m.LeaseUntil.UTC()
+		if until.Before(now) {
+			until = now.Add(requestLeaseGrace)
+		}
+		rec.LeaseUntil = &until
 	}
 	if rec.Labels == nil {
 		rec.Labels = []string{}

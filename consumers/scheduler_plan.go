@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -115,9 +116,10 @@ func (t *term) pass(ctx context.Context) {
 	}
 
 	var waiting []*kv.Request
+	now := time.Now()
 	for id, e := range ix.waiting {
-		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) {
-			continue
+		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) || requestExpired(&e.Value, now) {
+			continue // an expired request is deleted by cleanup
 		}
 		r := e.Value
 		waiting = append(waiting, &r)
