@@ -142,7 +142,16 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	if opts.BuildWorkers < 0 || opts.UploadWorkers < 0 {
 		return nil, fmt.Errorf("worker counts must be 0 or more, got %d build and %d upload workers", opts.BuildWorkers, opts.UploadWorkers)
 	}
-	if opts.LeaseTTL == 0 {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	switch {
+	case b.LeaseTTL > 0 && opts.LeaseTTL != 0 && opts.LeaseTTL != b.LeaseTTL:
+		opts.Log.Warn("the builder's lease TTL differs from the buckets' TTL; using the buckets'", "configured", opts.LeaseTTL, "buckets", b.LeaseTTL)
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0 && b.LeaseTTL > 0:
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0:
 		opts.LeaseTTL = 10 * time.Second
 	}
 	if opts.SyncInterval == 0 {
@@ -150,9 +159,6 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	}
 	if opts.RetryBase == 0 {
 		opts.RetryBase = DefaultRetryBase
-	}
-	if opts.Log == nil {
-		opts.Log = slog.Default()
 	}
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])

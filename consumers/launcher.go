@@ -96,7 +96,16 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 			return nil, fmt.Errorf("provider %s has no driver", p.Name)
 		}
 	}
-	if opts.LeaseTTL == 0 {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	switch {
+	case b.LeaseTTL > 0 && opts.LeaseTTL != 0 && opts.LeaseTTL != b.LeaseTTL:
+		opts.Log.Warn("the launcher's lease TTL differs from the buckets' TTL; using the buckets'", "configured", opts.LeaseTTL, "buckets", b.LeaseTTL)
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0 && b.LeaseTTL > 0:
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0:
 		opts.LeaseTTL = 10 * time.Second
 	}
 	if opts.SyncInterval == 0 {

@@ -87,7 +87,7 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 			return
 		}
 	}
-	for ctx.Err() == nil {
+	for conflicts := 0; ctx.Err() == nil; {
 		cur, ok := l.nodes.Get(id)
 		if !ok {
 			fresh, err := l.b.Nodes.Get(ctx, id)
@@ -111,6 +111,12 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 			return
 		}
 		if errors.Is(err, kv.ErrConflict) {
+			// Written meanwhile: look again (the record decides whether it
+			// is still this process's to delete), a little later each time.
+			conflicts++
+			if !wait.Sleep(ctx, wait.Conflict(conflicts)) {
+				return
+			}
 			fresh, gerr := l.b.Nodes.Get(ctx, id)
 			if gerr == nil {
 				l.nodes.Apply(fresh)

@@ -96,6 +96,10 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if p.buckets, err = kv.Ensure(ctx, p.js, kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL}, log); err != nil {
 		return nil, err
 	}
+	if ttl := p.buckets.LeaseTTL; ttl > 0 && ttl != s.LeaseTTL {
+		s.LeaseTTL = ttl // Ensure said so
+		p.Settings.LeaseTTL = ttl
+	}
 	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
 		return nil, err
 	}
