@@ -15,10 +15,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,6 +31,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -286,6 +288,42 @@ func (b *Builder) cleanBuildDirs() {
 	}
 }
 
+// triggerMaxDeliver bounds the deliveries of a build or upload trigger: one
+// that could not be acted on (NATS errors, a build interrupted again and
+// again) is given up past it, and the image scheduler triggers again what
+// is still needed.
+const triggerMaxDeliver = 20
+
+// nakLater hands a trigger back to be delivered again after a delay that
+// grows with its deliveries (1 s doubling up to a minute, less up to a
+// quarter at random).
+func nakLater(msg jetstream.Msg) {
+	n := uint64(1)
+	if meta, err := msg.Metadata(); err == nil {
+		n = meta.NumDelivered
+	}
+	d := time.Minute
+	if n < 7 {
+		d = time.Second << (n - 1)
+	}
+	_ = msg.NakWithDelay(d - time.Duration(mrand.Int64N(int64(d)/4+1)))
+}
+
+// handleGuarded runs a trigger's handler; one that panics is logged and
+// the trigger terminated with the reason (never delivered again), and the
+// worker goes on. A build or upload it had recorded loses its lease and is
+// failed by the image scheduler.
+func (b *Builder) handleGuarded(ctx context.Context, msg jetstream.Msg, what string, handle func(context.Context, jetstream.Msg)) {
+	defer func() {
+		if p := recover(); p != nil {
+			b.log.Error("handling a trigger panicked; dropping it", "group", what, "subject", msg.Subject(), "panic", p, "stack", string(debug.Stack()))
+			b.metrics.TriggersDropped.Add(1)
+			_ = msg.TermWithReason(fmt.Sprintf("internal error (a bug, please report it): %v", p))
+		}
+	}()
+	handle(ctx, msg)
+}
+
 // startWorkers creates a worker group's durable consumer and runs n
 // workers that each take one trigger at a time, so a trigger waits in the
 // stream, not in a process, until a worker is free.
@@ -300,6 +338,7 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 		FilterSubject: subject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       b.ackWait(),
+		MaxDeliver:    triggerMaxDeliver,
 		MaxAckPending: 1000,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
@@ -327,7 +366,7 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 			wait.Sleep(ctx, time.Second)
 			continue
 		}
-		handle(ctx, msg)
+		b.handleGuarded(ctx, msg, what, handle)
 	}
 }
 

@@ -38,6 +38,15 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 		if ctx.Err() != nil {
 			return false
 		}
+		if errors.Is(err, drivers.ErrNotFound) {
+			return true // gone already
+		}
+		if errors.Is(err, drivers.ErrFatal) {
+			// Retrying cannot help: give up here; an instance that is still
+			// there and tagged as ours is tried again by the leak sweep.
+			lc.l.log.Error("delete cannot succeed; giving up", "external_id", sm.ExternalID(), "err", err)
+			return true
+		}
 		if err != nil {
 			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
 			if !wait.Sleep(ctx, wait.Backoff(failures)) {
@@ -73,18 +82,23 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 		sm, err := drv.Delete(n.ExternalID, n.DriverData)
 		if err != nil {
 			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
-			if sm, err = drv.Delete(n.ExternalID, nil); err != nil {
-				l.log.Error("cannot start the delete machine", "node", id, "err", err)
+			sm, err = drv.Delete(n.ExternalID, nil)
+		}
+		if err != nil {
+			// Not an instance the driver can ever delete (an external id
+			// written from outside, say): nothing of ours is there; the
+			// record goes, and an instance tagged with the node, if any,
+			// is deleted by the leak sweep.
+			l.log.Error("cannot start the delete machine; deleting the record without it", "node", id, "external_id", n.ExternalID, "err", err)
+		} else {
+			may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
+			ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
+				_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
+				return err
+			})
+			if !ok {
 				return
 			}
-		}
-		may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
-		ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
-			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
-			return err
-		})
-		if !ok {
-			return
 		}
 	}
 	for conflicts := 0; ctx.Err() == nil; {
