@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
@@ -92,8 +93,12 @@ type Options struct {
 	// Register writes this process's component record (a process that also
 	// runs the launcher has one already).
 	Register bool
-	Version  string
-	Log      *slog.Logger
+	// Pacer paces the providers' API calls, shared with the launcher of
+	// the same process; the Providers are then already wrapped by it.
+	// Without one, the builder makes its own and wraps them.
+	Pacer   *drivers.Pacer
+	Version string
+	Log     *slog.Logger
 }
 
 // Builder is one process's share of the builder's worker groups.
@@ -161,6 +166,16 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	}
 	if opts.RetryBase == 0 {
 		opts.RetryBase = DefaultRetryBase
+	}
+	if opts.Pacer == nil {
+		rates := map[string]float64{}
+		for _, p := range opts.Config.Providers {
+			rates[p.Name] = p.Rate
+		}
+		opts.Pacer = drivers.NewPacer(rates, opts.Log)
+		providers := maps.Clone(opts.Providers)
+		opts.Pacer.WrapAll(providers)
+		opts.Providers = providers
 	}
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])
@@ -239,6 +254,17 @@ func (b *Builder) Run(ctx context.Context) error {
 			return fmt.Errorf("registering builder: %w", err)
 		}
 		wg.Go(func() { b.keepHeartbeat(ctx) })
+		if b.opts.Pacer.Paced() {
+			// A builder on its own keeps its share of the rates (with a
+			// launcher in the process, the launcher does).
+			components := kv.NewCache(b.b.Components, b.log)
+			caches.Go(func() { _ = components.Run(cacheCtx) })
+			wg.Go(func() {
+				if components.WaitSynced(ctx) == nil {
+					b.opts.Pacer.Share(ctx, components)
+				}
+			})
+		}
 	}
 	if err := b.startWorkers(ctx, &wg, BuildConsumer, "image builds", events.BuildsSubject, b.opts.BuildWorkers, b.handleBuild); err != nil {
 		return err

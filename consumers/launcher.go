@@ -11,13 +11,13 @@ import (
 	"fmt"
 	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/time/rate"
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
@@ -46,6 +46,10 @@ type Options struct {
 	// Roles are the process's roles, reported in the component record
 	// (default: launcher).
 	Roles []string
+	// Pacer paces the API calls of the providers, shared with the other
+	// roles of the process; the Providers are then already wrapped by it.
+	// Without one, the launcher makes its own and wraps them.
+	Pacer *drivers.Pacer
 	Log   *slog.Logger
 }
 
@@ -69,10 +73,6 @@ type Launcher struct {
 	pausedMu sync.Mutex
 	paused   map[string]bool
 	beat     chan struct{}
-
-	// limiters pace each provider's API calls; every live launcher takes
-	// an equal share of the provider's rate.
-	limiters map[string]*rate.Limiter
 
 	// born is when the launcher was made; lastBeat is when (since born)
 	// the last successful heartbeat was sent (fence.go).
@@ -115,15 +115,11 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		opts.Log = slog.Default()
 	}
 	log := opts.Log.With("launcher", opts.ID)
-	providers := make(map[string]drivers.Provider, len(opts.Providers))
-	limiters := map[string]*rate.Limiter{}
-	for name, p := range opts.Providers {
-		providers[name] = p
-		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
-			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
-			limiters[name] = lim
-			providers[name] = drivers.RateLimited(p, lim)
-		}
+	providers := maps.Clone(opts.Providers)
+	if opts.Pacer == nil {
+		// On its own: pace the drivers here.
+		opts.Pacer = NewPacer(opts.Config, log)
+		opts.Pacer.WrapAll(providers)
 	}
 	opts.Providers = providers
 	l := &Launcher{
@@ -138,7 +134,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		metrics:    NewMetrics(),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
-		limiters:   limiters,
 		born:       time.Now(),
 	}
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
@@ -190,8 +185,8 @@ func (l *Launcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
-	if len(l.limiters) > 0 {
-		wg.Go(func() { l.shareRates(ctx) })
+	if l.opts.Pacer.Paced() {
+		wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
 	}
 
 	intake, err := l.startIntake(ctx)
@@ -309,38 +304,13 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 	}
 }
 
-// shareRates gives this process its share of each provider's rate: the
-// rate divided by the number of live launchers serving the provider, so
-// that all of them together stay within it.
-func (l *Launcher) shareRates(ctx context.Context) {
-	sub := l.components.Subscribe()
-	defer l.components.Unsubscribe(sub)
-	for {
-		sub.Drain()
-		for name, lim := range l.limiters {
-			pc, _ := l.opts.Config.Provider(name)
-			n := 0
-			l.components.Range(func(e *kv.Entry[kv.Component]) bool {
-				for _, p := range e.Value.Pools {
-					if p.Provider == name {
-						n++
-						break
-					}
-				}
-				return true
-			})
-			share := rate.Limit(pc.Rate / float64(max(n, 1)))
-			if lim.Limit() != share {
-				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
-				lim.SetLimit(share)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-sub.C():
-		}
+// NewPacer makes the pacer of a configuration's providers (their rate).
+func NewPacer(cfg *config.Config, log *slog.Logger) *drivers.Pacer {
+	rates := map[string]float64{}
+	for _, p := range cfg.Providers {
+		rates[p.Name] = p.Rate
 	}
+	return drivers.NewPacer(rates, log)
 }
 
 // alive reports whether a component is alive (its heartbeat has not

@@ -96,4 +96,3 @@ func FuzzParseTrigger(f *testing.F) {
 		_, _ = events.ParseUploadMessage(body)
 	})
 }
-

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"sync"
@@ -103,9 +104,14 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
 		return nil, err
 	}
+	// One pacer for every role: the launcher's and the builder's calls to
+	// a provider share its rate.
+	pacer := consumers.NewPacer(cfg, log)
+	paced := maps.Clone(p.providers)
+	pacer.WrapAll(paced)
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
-			ID: s.ID, Config: cfg, Providers: p.providers,
+			ID: s.ID, Config: cfg, Providers: paced, Pacer: pacer,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 			Version: Version, Roles: s.Roles, Log: log,
 		})
@@ -114,7 +120,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}
 	if s.HasRole(config.RoleBuilder) {
-		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, log); err != nil {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, paced, pacer, log); err != nil {
 			return nil, err
 		}
 	}
@@ -156,7 +162,8 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 // NewBuilder prepares the builder role: image files go under the
 // configuration's images-dir (default <data dir>/images), build logs under
 // build-log-dir (default <data dir>/build-logs).
-func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, log *slog.Logger) (*builder.Builder, error) {
+func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider,
+	pacer *drivers.Pacer, log *slog.Logger) (*builder.Builder, error) {
 	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
 	if imagesDir == "" {
 		imagesDir = filepath.Join(s.DataDir, "images")
@@ -167,7 +174,7 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 	return builder.New(js, b, builder.Options{
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
-		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log,
+		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Pacer: pacer, Version: Version, Log: log,
 	})
 }
 
