@@ -84,6 +84,9 @@ type ProviderDiskimage struct {
 	ConnectionType string `yaml:"connection-type"`
 	ConnectionPort int    `yaml:"connection-port"`
 
+	// The keys an aws provider adds (aws.go).
+	AWSDiskimage `yaml:",inline"`
+
 	set map[string]bool
 }
 
