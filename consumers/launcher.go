@@ -104,7 +104,11 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
 			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
 			limiters[name] = lim
-			providers[name] = drivers.RateLimited(p, lim)
+			if paced, ok := drivers.As[drivers.Paced](p); ok {
+				paced.Pace(lim)
+			} else {
+				providers[name] = drivers.RateLimited(p, lim)
+			}
 		}
 	}
 	opts.Providers = providers
