@@ -23,6 +23,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/drivers/static"
@@ -121,6 +122,8 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 			p, err = static.New(ctx, js, pc, log)
 		case "metastatic":
 			p, err = metastatic.New(ctx, js, pc, log)
+		case "aws":
+			p, err = aws.New(ctx, pc, aws.Options{Log: log})
 		default:
 			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 		}

@@ -212,7 +212,9 @@ func (c *Cloud) createFleet(f form, now time.Time) (response, *apiError) {
 	if tok := f.get("ClientToken"); tok != "" {
 		if id, ok := c.tokens["fleet/"+tok]; ok {
 			if fl := c.fleets[id]; fl != nil {
-				return c.fleetXML(fl, nil), nil
+				resp := c.fleetXML(fl, nil)
+				resp.Errors = append(resp.Errors, fl.Errors...)
+				return resp, nil
 			}
 		}
 	}
@@ -372,6 +374,7 @@ func (c *Cloud) createFleet(f form, now time.Time) (response, *apiError) {
 		got = append(got, fi)
 		need = 0
 	}
+	fl.Errors = errs
 	c.fleets[fl.ID] = fl
 	if tok := f.get("ClientToken"); tok != "" {
 		c.tokens["fleet/"+tok] = fl.ID

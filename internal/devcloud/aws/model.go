@@ -146,6 +146,7 @@ type importTask struct {
 }
 
 type fleet struct {
+	Errors    items[xmlFleetError]
 	ID        string
 	Type      string
 	Created   time.Time
