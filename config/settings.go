@@ -35,6 +35,7 @@ type Settings struct {
 	Roles        []string      `envconfig:"ROLES" default:"launcher,builder" desc:"worker groups to run: launcher, builder"`
 	ID           string        `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
 	HTTPAddr     string        `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
+	PprofAddr    string        `envconfig:"PPROF_ADDR" desc:"address of Go's profiling endpoints (/debug/pprof/); empty (the default) turns them off"`
 	Replicas     int           `envconfig:"REPLICAS" default:"1" desc:"replicas for streams and buckets: 1, 3 or 5"`
 	LeaseTTL     time.Duration `envconfig:"LEASE_TTL" default:"10s" desc:"how long a lease or heartbeat lives without renewal"`
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`

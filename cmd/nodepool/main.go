@@ -83,7 +83,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
 	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "DataDir": "data-dir",
-	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
+	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "PprofAddr": "pprof-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
 }
