@@ -14,9 +14,18 @@ func Age(t, now time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	d := max(now.Sub(t), 0)
-	s := int64(d / time.Second)
-	return fmt.Sprintf("%02d:%02d:%02d:%02d", s/86400, s/3600%24, s/60%60, s%60)
+	s := int64(max(now.Sub(t), 0) / time.Second)
+	b := make([]byte, 0, 12)
+	for i, v := range [4]int64{s / 86400, s / 3600 % 24, s / 60 % 60, s % 60} {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		if v < 10 {
+			b = append(b, '0')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return string(b)
 }
 
 func text(s string) Cell { return Cell{JSON: s, Text: s} }
@@ -28,8 +37,8 @@ func list(ss []string) Cell {
 	return Cell{JSON: ss, Text: strings.Join(ss, ",")}
 }
 
-func number[N int | int64 | uint64](n N) Cell {
-	return Cell{JSON: n, Text: fmt.Sprint(n)}
+func number(n int) Cell {
+	return Cell{JSON: n, Text: strconv.Itoa(n)}
 }
 
 // boolean prints as Python did (True, False).
@@ -64,9 +73,7 @@ func raw(data json.RawMessage) Cell {
 	if len(data) == 0 || string(data) == "null" {
 		return Cell{JSON: nil, Text: ""}
 	}
-	if !json.Valid(data) {
-		return text(string(data))
-	}
+	// The record was decoded from JSON: its raw parts are valid JSON.
 	return Cell{JSON: data, Text: string(data)}
 }
 

@@ -67,30 +67,50 @@ func SortNodes(nodes []kv.Node) {
 	})
 }
 
-// NodeList is node-list of the given nodes (in their order).
-func NodeList(nodes []kv.Node, alive Liveness, now time.Time) *Table {
-	t := &Table{Columns: NodeColumns, Default: NodeListDefault}
-	for i := range nodes {
-		n := &nodes[i]
-		locked := "unlocked"
+// nodeCells gives each column's cell of a node, in NodeColumns' order.
+var nodeCells = []func(n *kv.Node, alive Liveness, now time.Time) Cell{
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ID) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Provider) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(strings.Join(n.Labels, ",")) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ExternalID) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.PublicIPv4) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.PublicIPv6) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(string(n.State)) },
+	func(n *kv.Node, _ Liveness, now time.Time) Cell { return age(n.StateTime, now) },
+	func(n *kv.Node, alive Liveness, _ time.Time) Cell {
 		if Locked(n, alive) {
-			locked = "locked"
+			return text("locked")
 		}
-		comment := n.Comment
-		if comment == "" {
-			comment = n.Reason
+		return text("unlocked")
+	},
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Pool) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Hostname) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.PrivateIPv4) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.AZ) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Username) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return number(n.ConnectionPort) },
+	func(n *kv.Node, alive Liveness, _ time.Time) Cell { return text(LauncherName(n.Launcher, alive)) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.AllocatedTo) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.HoldJob) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell {
+		if n.Comment == "" {
+			return text(n.Reason)
 		}
-		t.Rows = append(t.Rows, []Cell{
-			text(n.ID), text(n.Provider), text(strings.Join(n.Labels, ",")), text(n.ExternalID),
-			text(n.PublicIPv4), text(n.PublicIPv6), text(string(n.State)),
-			age(n.StateTime, now), text(locked),
-			text(n.Pool), text(n.Hostname), text(n.PrivateIPv4), text(n.AZ),
-			text(n.Username), number(n.ConnectionPort), text(LauncherName(n.Launcher, alive)),
-			text(n.AllocatedTo), text(n.HoldJob), text(comment),
-			raw(n.UserData), raw(n.DriverData),
-			age(n.Created, now), text(n.Holder), timeOf(n.HoldExpiration),
-			text(n.InterfaceIP), text(n.ImageID), text(n.Requestor),
-		})
-	}
-	return t
+		return text(n.Comment)
+	},
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return raw(n.UserData) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return raw(n.DriverData) },
+	func(n *kv.Node, _ Liveness, now time.Time) Cell { return age(n.Created, now) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Holder) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return timeOf(n.HoldExpiration) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.InterfaceIP) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ImageID) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Requestor) },
+}
+
+// NodeList is node-list of the given nodes (in their order). Its cells are
+// made only for the columns shown.
+func NodeList(nodes []kv.Node, alive Liveness, now time.Time) *Table {
+	return &Table{Columns: NodeColumns, Default: NodeListDefault, N: len(nodes),
+		At: func(row, col int) Cell { return nodeCells[col](&nodes[row], alive, now) }}
 }

@@ -37,8 +37,25 @@ type Table struct {
 	// Default are the keys the CLI shows when no fields are asked for;
 	// nil shows every column (the web API always does, as Nodepool's).
 	Default []string
-	// Rows hold one cell per column, in the order of Columns.
+	// Rows hold one cell per column, in the order of Columns; or, for big
+	// tables, N and At give the cells of the columns shown only.
 	Rows [][]Cell
+	N    int
+	At   func(row, col int) Cell
+}
+
+func (t *Table) len() int {
+	if t.At != nil {
+		return t.N
+	}
+	return len(t.Rows)
+}
+
+func (t *Table) cell(row, col int) Cell {
+	if t.At != nil {
+		return t.At(row, col)
+	}
+	return t.Rows[row][col]
 }
 
 // ParseFields splits a comma separated list of fields ("id,state"),
@@ -92,11 +109,16 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 	if err != nil {
 		return err
 	}
+	// The cells of the columns shown, row by row.
+	n := t.len()
+	cells := make([]string, n*len(idx))
 	widths := make([]int, len(idx))
 	for j, i := range idx {
 		widths[j] = utf8.RuneCountInString(t.Columns[i].Header)
-		for _, row := range t.Rows {
-			widths[j] = max(widths[j], utf8.RuneCountInString(row[i].Text))
+		for r := range n {
+			s := t.cell(r, i).Text
+			cells[r*len(idx)+j] = s
+			widths[j] = max(widths[j], utf8.RuneCountInString(s))
 		}
 	}
 	var b bytes.Buffer
@@ -108,10 +130,10 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 		}
 		b.WriteByte('\n')
 	}
-	line := func(cell func(i int) string) {
+	line := func(cell func(j int) string) {
 		b.WriteByte('|')
-		for j, i := range idx {
-			s := cell(i)
+		for j := range idx {
+			s := cell(j)
 			b.WriteByte(' ')
 			b.WriteString(s)
 			b.WriteString(strings.Repeat(" ", widths[j]-utf8.RuneCountInString(s)+1))
@@ -120,10 +142,10 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 		b.WriteByte('\n')
 	}
 	rule()
-	line(func(i int) string { return t.Columns[i].Header })
+	line(func(j int) string { return t.Columns[idx[j]].Header })
 	rule()
-	for _, row := range t.Rows {
-		line(func(i int) string { return row[i].Text })
+	for r := range n {
+		line(func(j int) string { return cells[r*len(idx)+j] })
 	}
 	rule()
 	_, err = w.Write(b.Bytes())
@@ -139,7 +161,7 @@ func (t *Table) WriteJSON(w io.Writer, fields []string) error {
 	}
 	var b bytes.Buffer
 	b.WriteByte('[')
-	for r, row := range t.Rows {
+	for r := range t.len() {
 		if r > 0 {
 			b.WriteByte(',')
 		}
@@ -149,7 +171,7 @@ func (t *Table) WriteJSON(w io.Writer, fields []string) error {
 				b.WriteByte(',')
 			}
 			k, _ := json.Marshal(t.Columns[i].Key)
-			v, err := json.Marshal(row[i].JSON)
+			v, err := json.Marshal(t.cell(r, i).JSON)
 			if err != nil {
 				return fmt.Errorf("field %s: %w", t.Columns[i].Key, err)
 			}

@@ -171,7 +171,7 @@ func TestNodepoolEndpoints(t *testing.T) {
 		{name: "label-list text", path: "/label-list", text: []string{"| Label ", "| big ", "| small ", "cloud1/main"}},
 		{name: "label-list json", path: "/label-list?fields=label", accept: js, keys: []string{"label"},
 			rows: func(t *testing.T, rows []map[string]any) {
-				if len(rows) != 2 || rows[0]["label"] != "big" || rows[1]["label"] != "small" {
+				if len(rows) != 3 || rows[0]["label"] != "big" || rows[1]["label"] != "slow" || rows[2]["label"] != "small" {
 					t.Errorf("rows = %v", rows)
 				}
 			}},
