@@ -22,25 +22,29 @@ func nodeSize(n *kv.Node) kv.Resources {
 	return r
 }
 
-// orUnlimited turns a zero limit into no limit.
-func orUnlimited(v int) int {
-	if v <= 0 {
+// limit turns a configured limit into one the scheduler counts with:
+// config.Unlimited (the key was not written) is no limit, and a limit
+// below zero is zero (as in Nodepool, where max-servers below 0 disables
+// a pool).
+func limit(v int) int {
+	switch {
+	case v == config.Unlimited:
 		return drivers.Unlimited
+	case v < 0:
+		return 0
 	}
 	return v
 }
 
 // poolLimits are the pool's own limits.
 func poolLimits(p *config.Pool) kv.Resources {
-	servers := p.MaxServers
-	if servers == config.Unlimited {
-		servers = drivers.Unlimited
-	}
-	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM)}
+	return kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
 }
 
+// tenantLimits are a tenant's limits (resources other than servers, cores
+// and RAM are not counted by the drivers of this build).
 func tenantLimits(tl config.TenantLimit) kv.Resources {
-	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM)}
+	return kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM)}
 }
 
 // exceeds reports the first dimension in which need is more than limit.
