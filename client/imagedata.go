@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -24,7 +25,7 @@ func (c *Client) ExportImageData(ctx context.Context) (*kv.ImageData, error) {
 	for _, e := range imgs {
 		img := e.Value
 		if img.Name == "" {
-			img.Name = e.Key
+			img.Name = token.Decode(e.Key)
 		}
 		d.Images = append(d.Images, img)
 	}
@@ -85,7 +86,7 @@ func (c *Client) ImportImageData(ctx context.Context, d *kv.ImageData) (ImportRe
 	}
 	for name, w := range want {
 		created := false
-		_, err := s.Images.Upsert(ctx, name, func(cur *kv.DiskImage, found bool) {
+		_, err := s.Images.Upsert(ctx, kv.DiskImageKey(name), func(cur *kv.DiskImage, found bool) {
 			if !found {
 				*cur = byName[name]
 				cur.Name = name

@@ -31,7 +31,7 @@ type ImageData struct {
 }
 
 var (
-	imageDataNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	imageDataNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 	imageDataIDRE   = regexp.MustCompile(`^[0-9]{1,20}$`)
 )
 
@@ -58,8 +58,8 @@ func ParseImageData(data []byte) (*ImageData, error) {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	name := func(what, s string) bool {
-		if !imageDataNameRE.MatchString(s) {
-			bad("%s %q: expected 1 to 64 of A-Z a-z 0-9 _ -", what, s)
+		if len(s) > 64 || !imageDataNameRE.MatchString(s) {
+			bad("%s %q: expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots", what, s)
 			return false
 		}
 		return true
@@ -85,7 +85,7 @@ func ParseImageData(data []byte) (*ImageData, error) {
 	}
 	for i, img := range d.Images {
 		if name(fmt.Sprintf("images[%d]: name", i), img.Name) {
-			dup(img.Name)
+			dup(DiskImageKey(img.Name))
 		}
 	}
 	for i, b := range d.Builds {

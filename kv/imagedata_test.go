@@ -45,7 +45,8 @@ func TestParseImageData(t *testing.T) {
 		{"unknown key", `{"format": "nodepool-image-data", "version": 1, "nodes": []}`, `unknown field "nodes"`},
 		{"other format", edit(func(d *kv.ImageData) { d.Format = "zk-dump" }), `format "zk-dump" version 1; expected "nodepool-image-data" version 1`},
 		{"newer version", edit(func(d *kv.ImageData) { d.Version = 2 }), "expected \"nodepool-image-data\" version 1"},
-		{"bad image name", edit(func(d *kv.ImageData) { d.Builds[0].Image = "de.bian" }), `builds[0]: image "de.bian": expected 1 to 64 of A-Z a-z 0-9 _ -`},
+		{"bad image name", edit(func(d *kv.ImageData) { d.Builds[0].Image = "de bian" }), `builds[0]: image "de bian": expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots`},
+		{"empty name part", edit(func(d *kv.ImageData) { d.Images[0].Name = "de..bian" }), `images[0]: name "de..bian": expected`},
 		{"bad build id", edit(func(d *kv.ImageData) { d.Uploads[0].BuildID = "x1" }), `uploads[0]: build_id "x1": expected a numeric id`},
 		{"bad provider", edit(func(d *kv.ImageData) { d.Uploads[0].Provider = "" }), `uploads[0]: provider "": expected`},
 		{"bad state", edit(func(d *kv.ImageData) { d.Builds[0].State = "baking" }), `builds[0]: state "baking"`},
@@ -65,6 +66,7 @@ func FuzzParseImageData(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte(`{"format":"nodepool-image-data","version":1,"images":[{"name":"a"}],"builds":null,"uploads":[]}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"format":"nodepool-image-data","version":1,"builds":[{"image":"debian.12","id":"1","state":"ready"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := kv.ParseImageData(data)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -210,7 +211,7 @@ func (b Buckets) DiskImages(ctx context.Context) ([]kv.DiskImage, error) {
 	for i, e := range es {
 		out[i] = e.Value
 		if out[i].Name == "" {
-			out[i].Name = e.Key
+			out[i].Name = token.Decode(e.Key)
 		}
 	}
 	return out, nil

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -91,7 +92,7 @@ func (d *dashboard) feeds() []feed {
 		newFeed("images", d.v.Images, func(key string, i *kv.DiskImage) kv.DiskImage {
 			out := *i
 			if out.Name == "" {
-				out.Name = key
+				out.Name = token.Decode(key)
 			}
 			return out
 		}),

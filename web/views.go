@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/status"
 )
@@ -100,7 +101,7 @@ func (s cacheSource) DiskImages(context.Context) ([]kv.DiskImage, error) {
 	s.v.Images.Range(func(e *kv.Entry[kv.DiskImage]) bool {
 		d := e.Value
 		if d.Name == "" {
-			d.Name = e.Key
+			d.Name = token.Decode(e.Key)
 		}
 		out = append(out, d)
 		return true

@@ -158,14 +158,15 @@ function renderNodes() {
 }
 
 function renderImages() {
-  const names = new Set([...state.images.keys()]);
+  const byName = new Map([...state.images.values()].map((i) => [i.name, i]));
+  const names = new Set([...byName.keys()]);
   for (const b of state.builds.values()) names.add(b.image);
   if (!names.size) {
     document.getElementById("images").innerHTML = `<p class="empty">No images.</p>`;
     return;
   }
   const html = [...names].sort().map((name) => {
-    const img = state.images.get(name);
+    const img = byName.get(name);
     const paused = img && img.paused ? ` ${badge("paused")} by ${esc(img.paused_by)}` : "";
     const builds = [...state.builds.values()].filter((b) => b.image === name).sort((a, b) => b.id.localeCompare(a.id));
     const rows = builds.map((b) => {
