@@ -41,9 +41,9 @@ func (g Guard) check(ctx context.Context, n *kv.Node, requests *kv.Store[kv.Requ
 		if why == "" {
 			why = "no reason given"
 		}
-		return fmt.Errorf("node %s: %w (%s)", n.ID, ErrOnHold, why)
+		return fmt.Errorf("%w (%s)", ErrOnHold, why)
 	case n.Holder != "" && n.Holder != g.Holder && n.State == kv.NodeInUse:
-		return fmt.Errorf("node %s: %w: it is in use, held by %q, not by %q", n.ID, ErrHeldByOther, n.Holder, g.Holder)
+		return fmt.Errorf("%w: in use by %q, not by %q", ErrHeldByOther, n.Holder, g.Holder)
 	case n.AllocatedTo != "" && n.State == kv.NodeReady:
 		r, err := requests.Get(ctx, n.AllocatedTo)
 		if errors.Is(err, kv.ErrNotFound) || (err == nil && (r.Value.Requestor == minReadyRequestor || r.Value.State == kv.RequestFailed)) {
@@ -52,7 +52,7 @@ func (g Guard) check(ctx context.Context, n *kv.Node, requests *kv.Store[kv.Requ
 		if err != nil {
 			return err
 		}
-		return fmt.Errorf("node %s: %w: it is allocated to request %s of %q", n.ID, ErrHeldByOther, n.AllocatedTo, r.Value.Requestor)
+		return fmt.Errorf("%w: allocated to request %s of %q", ErrHeldByOther, n.AllocatedTo, r.Value.Requestor)
 	}
 	return nil
 }

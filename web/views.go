@@ -36,31 +36,21 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 	v := shared
 	v.js, v.own = js, nil
 	img := kv.NewImageStores(b.Images)
-	if v.Nodes == nil {
-		v.Nodes = kv.NewCache(b.Nodes, log)
-		v.own = append(v.own, v.Nodes)
-	}
-	if v.Requests == nil {
-		v.Requests = kv.NewCache(b.Requests, log)
-		v.own = append(v.own, v.Requests)
-	}
-	if v.Components == nil {
-		v.Components = kv.NewCache(b.Components, log)
-		v.own = append(v.own, v.Components)
-	}
-	if v.Images == nil {
-		v.Images = kv.NewCache(img.Images, log)
-		v.own = append(v.own, v.Images)
-	}
-	if v.Builds == nil {
-		v.Builds = kv.NewCache(img.Builds, log)
-		v.own = append(v.own, v.Builds)
-	}
-	if v.Uploads == nil {
-		v.Uploads = kv.NewCache(img.Uploads, log)
-		v.own = append(v.own, v.Uploads)
-	}
+	own(&v, &v.Nodes, b.Nodes, log)
+	own(&v, &v.Requests, b.Requests, log)
+	own(&v, &v.Components, b.Components, log)
+	own(&v, &v.Images, img.Images, log)
+	own(&v, &v.Builds, img.Builds, log)
+	own(&v, &v.Uploads, img.Uploads, log)
 	return &v
+}
+
+// own makes a cache of the web API's own where the process has none.
+func own[T any](v *Views, c **kv.Cache[T], s *kv.Store[T], log *slog.Logger) {
+	if *c == nil {
+		*c = kv.NewCache(s, log)
+		v.own = append(v.own, *c)
+	}
 }
 
 // Run keeps the caches of the web API's own up to date until ctx ends.

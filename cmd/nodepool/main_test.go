@@ -405,7 +405,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	}
 	// Someone else's nodes are refused without --force.
 	_, errOut, code = nodepool(t, cli, "return", "--holder", "someone@else", nodes[0].ID)
-	if code != 1 || !strings.Contains(errOut, `held by "ci@test", not by "someone@else"; refused (--force to return it anyway)`) {
+	if code != 1 || !strings.Contains(errOut, `: the node belongs to someone else: in use by "ci@test", not by "someone@else"; refused (--force to return it anyway)`) {
 		t.Errorf("return of someone else's node: code %d\n%s", code, errOut)
 	}
 	_, errOut, code = nodepool(t, cli, "delete", nodes[0].ID)
