@@ -192,11 +192,11 @@ func TestCLIOperations(t *testing.T) {
 		t.Errorf("import over a changed record: code %d %q", code, errOut)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.json")
-	if err := os.WriteFile(bad, []byte(`{"format": "nodepool-image-data", "version": 1, "builds": [{"image": "a.b", "id": "1", "state": "ready"}]}`), 0o600); err != nil {
+	if err := os.WriteFile(bad, []byte(`{"format": "nodepool-image-data", "version": 1, "builds": [{"image": "a b", "id": "1", "state": "ready"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, errOut, code = nodepool(t, cli, "import-image-data", bad)
-	if code == 0 || !strings.Contains(errOut, `builds[0]: image "a.b": expected 1 to 64 of A-Z a-z 0-9 _ -`) {
+	if code == 0 || !strings.Contains(errOut, `builds[0]: image "a b": expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots`) {
 		t.Errorf("import of a bad file: code %d %q", code, errOut)
 	}
 	if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
