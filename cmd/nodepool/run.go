@@ -159,5 +159,5 @@ func natsDescription(s config.Settings) string {
 	if s.Embedded() {
 		return "embedded on " + s.NatsListen
 	}
-	return s.NatsURL
+	return config.RedactURLs(s.NatsURL)
 }
