@@ -128,6 +128,14 @@ func TestCLIOperations(t *testing.T) {
 		!strings.Contains(out, "| 0000000003 ") || !strings.Contains(out, "Not in "+cfg) {
 		t.Errorf("info old-cloud: code %d\n%s", code, out)
 	}
+	out, _, _ = nodepool(t, cli, "info", "--json", "old-cloud")
+	var info struct {
+		Uploads []map[string]any `json:"uploads"`
+		Nodes   []map[string]any `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil || len(info.Uploads) != 1 || len(info.Nodes) != 1 || info.Nodes[0]["id"] != "old-node-1" {
+		t.Errorf("info --json: %v\n%s", err, out)
+	}
 	_, errOut, code = nodepool(t, cli, "erase", "cloud1")
 	if code == 0 || !strings.Contains(errOut, "provider cloud1 is served by the live launchers ops-launcher") {
 		t.Errorf("erase of a served provider: code %d %q", code, errOut)
