@@ -21,7 +21,7 @@ func (a *app) devCloudAWSCmd() *cobra.Command {
 		pageSize                int
 		address                 string
 		quotas, noCapacity      []string
-		images                  []string
+		images, buckets         []string
 	)
 	cmd := &cobra.Command{
 		Use:   "aws",
@@ -82,7 +82,7 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 				}
 				k.NoCapacity[typ] = n
 			}
-			opts := devaws.Options{Region: region, AccountID: account, Knobs: k, Log: a.logger()}
+			opts := devaws.Options{Region: region, AccountID: account, Knobs: k, Buckets: buckets, Log: a.logger()}
 			for _, im := range images {
 				id, name, ok := strings.Cut(im, "=")
 				if !ok || !strings.HasPrefix(id, "ami-") || name == "" {
@@ -115,7 +115,8 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 	f.DurationVar(&spotNotice, "spot-notice", 2*time.Minute, "time from a spot interruption notice to the termination")
 	f.Float64Var(&rateLimit, "rate-limit", 0, "calls per second taken from all clients together, beyond which RequestLimitExceeded (0: no limit)")
 	f.IntVar(&pageSize, "page-size", 1000, "most items a page of a Describe call holds")
-	f.StringVar(&address, "instance-address", "", "address every instance gets, private and public (default: 10.0.x.y and 203.0.113.z)")
+	f.StringVar(&address, "instance-address", "127.0.0.1", "address every instance gets, private and public (\"\": 10.0.x.y and 203.0.113.z, which nothing answers)")
+	f.StringSliceVar(&buckets, "bucket", nil, "an S3 bucket present from the start (repeatable), such as the object-storage bucket-name of a provider")
 	f.StringSliceVar(&quotas, "quota", nil, "a vCPU quota CODE=VCPUS (repeatable), such as L-1216C47A=64 (standard on-demand) or L-34B43A08=32 (standard spot)")
 	f.StringSliceVar(&noCapacity, "no-capacity", nil, "refuse launches of an instance type with InsufficientInstanceCapacity: TYPE[=COUNT] (repeatable; spot/TYPE for spot, host/TYPE for dedicated hosts; no COUNT: always)")
 	f.StringSliceVar(&images, "image", nil, "a public AMI present from the start, AMI_ID=NAME (repeatable; the default Debian and Ubuntu AMIs stay)")

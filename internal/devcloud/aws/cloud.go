@@ -95,7 +95,9 @@ type Options struct {
 	InstanceTypes []InstanceType
 	// Images are AMIs that exist from the start (default: DefaultImages).
 	Images []SeedImage
-	Log    *slog.Logger
+	// Buckets are S3 buckets that exist from the start.
+	Buckets []string
+	Log     *slog.Logger
 }
 
 // DefaultKnobs are the knobs of a cloud whose options leave them out.
@@ -185,6 +187,11 @@ func New(opts Options) *Cloud {
 		hosts: map[string]*host{}, tokens: map[string]string{}, calls: map[string]int{},
 	}
 	c.s3 = gofakes3.New(back, gofakes3.WithoutVersioning(), gofakes3.WithLogger(gofakes3.DiscardLog())).Server()
+	for _, b := range opts.Buckets {
+		if err := back.CreateBucket(b); err != nil {
+			c.log.Warn("could not create bucket", "bucket", b, "err", err)
+		}
+	}
 	for _, t := range opts.InstanceTypes {
 		c.types[t.Name] = t
 	}
