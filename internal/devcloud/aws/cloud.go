@@ -251,7 +251,8 @@ func (k Knobs) clone() Knobs {
 }
 
 // Calls returns how many calls each action received (EC2 actions by name,
-// "servicequotas.<Op>", "ebs.<Op>", "s3.<METHOD>").
+// "servicequotas.<Op>", "ebs.<Op>", "s3.<METHOD>"), and how many were
+// refused for the rate limit ("throttled").
 func (c *Cloud) Calls() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -260,6 +261,20 @@ func (c *Cloud) Calls() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// LiveInstances counts the instances that are not terminated.
+func (c *Cloud) LiveInstances() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advance(time.Now())
+	n := 0
+	for _, in := range c.instances {
+		if in.State != "terminated" {
+			n++
+		}
+	}
+	return n
 }
 
 // newID makes an id such as i-0123456789abcdef0.

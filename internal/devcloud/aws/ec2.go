@@ -76,6 +76,7 @@ func (c *Cloud) serveEC2(w http.ResponseWriter, r *http.Request) {
 	}
 	c.count(action)
 	if c.throttled() {
+		c.count("throttled")
 		writeEC2Error(w, rid, errf(http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded."))
 		return
 	}

@@ -70,6 +70,7 @@ func (c *Cloud) serveQuotas(w http.ResponseWriter, r *http.Request) {
 	}
 	c.count("servicequotas." + op)
 	if c.throttled() {
+		c.count("throttled")
 		writeJSONError(w, http.StatusBadRequest, "TooManyRequestsException", "Rate exceeded")
 		return
 	}
