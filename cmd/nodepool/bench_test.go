@@ -18,11 +18,11 @@ func TestBenchScenarios(t *testing.T) {
 		results  int
 		args     []string
 	}{
-		{"fresh", "20", 1},
-		{"ready", "20", 2},
-		{"churn", "30", 1},
-		{"scale", "300", 1},
-		{"scaleout", "20", 2},
+		{"fresh", "20", 1, nil},
+		{"ready", "20", 2, nil},
+		{"churn", "30", 1, nil},
+		{"scale", "300", 1, nil},
+		{"scaleout", "20", 2, nil},
 		{"cloud", "10", 2, []string{"--cloud", "aws", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
 	}
 	for _, c := range cases {
