@@ -101,14 +101,14 @@ func (l *Label) Disabled() bool { return l.MinReady < 0 }
 // TenantLimit is an entry of `tenant-resource-limits`. A limit the entry
 // does not set is Unlimited; 0 is a limit of zero.
 type TenantLimit struct {
-	TenantName string
-	MaxServers int
-	MaxCores   int
-	MaxRAM     int
+	TenantName string `yaml:"tenant-name"`
+	MaxServers int    `yaml:"max-servers"`
+	MaxCores   int    `yaml:"max-cores"`
+	MaxRAM     int    `yaml:"max-ram"`
 	// Resources are the entry's other limits by key: max-volumes,
 	// max-volume-gb and driver-specific ones (AWS quota codes such as
 	// L-43DA4232), which Nodepool reads as max-resources.
-	Resources map[string]int
+	Resources map[string]int `yaml:",inline"`
 }
 
 func (tl *TenantLimit) decodeYAML(d *decoder, path string, n *yaml.Node) {
@@ -191,6 +191,7 @@ type Provider struct {
 	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake,openstack,aws"`
 
 	FakeProvider `yaml:",inline"`
+	AWSProvider  `yaml:",inline"`
 
 	// set holds the keys written in the file.
 	set map[string]bool
@@ -215,6 +216,7 @@ type Pool struct {
 
 	StaticPool     `yaml:",inline"`
 	MetastaticPool `yaml:",inline"`
+	AWSPool        `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -234,6 +236,8 @@ type PoolLabel struct {
 
 	// A metastatic label's backing nodes (see metastatic.go).
 	MetastaticLabel `yaml:",inline"`
+	// An aws label's keys (see aws.go).
+	AWSLabel `yaml:",inline"`
 
 	set map[string]bool
 }

@@ -36,10 +36,15 @@ func NewPacer(rates map[string]float64, log *slog.Logger) *Pacer {
 }
 
 // Wrap paces the calls of one provider's driver (unchanged if it has no
-// rate).
+// rate). A driver that paces every API call itself (Paced) is handed the
+// limiter instead of being wrapped.
 func (p *Pacer) Wrap(name string, prov Provider) Provider {
 	lim, ok := p.limiters[name]
 	if !ok {
+		return prov
+	}
+	if paced, ok := As[Paced](prov); ok {
+		paced.Pace(lim)
 		return prov
 	}
 	return RateLimited(prov, lim)
