@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // Worker groups (durable consumers of the NODEPOOL_BUILDS stream) and the
@@ -93,6 +95,8 @@ type Options struct {
 	Register bool
 	Version  string
 	Log      *slog.Logger
+	// Metrics is the process's metrics registry (nil: a private one).
+	Metrics *metrics.Registry
 }
 
 // Builder is one process's share of the builder's worker groups.
@@ -117,7 +121,7 @@ type Builder struct {
 	mu     sync.Mutex
 	active map[string]bool // builds and uploads running in this process
 
-	metrics *Metrics
+	metrics *metrics.Builder
 
 	// up is true while every worker group of this builder is running.
 	up atomic.Bool
@@ -163,18 +167,34 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	runID := opts.ID + "#" + hex.EncodeToString(nonce[:])
 	log := opts.Log.With("builder", opts.ID)
 	img := kv.NewImageStores(b.Images)
-	return &Builder{
+	bl := &Builder{
 		opts: opts, cfg: opts.Config, js: js, b: b, img: img, log: log, runID: runID,
 		images:  kv.NewCache(img.Images, log),
 		builds:  kv.NewCache(img.Builds, log),
 		uploads: kv.NewCache(img.Uploads, log),
 		active:  map[string]bool{},
-		metrics: &Metrics{},
-	}, nil
+	}
+	bl.metrics = metrics.NewBuilder(opts.Metrics, bl.workers)
+	return bl, nil
 }
 
-// Metrics returns the builder's counters.
-func (b *Builder) Metrics() *Metrics { return b.metrics }
+// Metrics returns the builder's series.
+func (b *Builder) Metrics() *metrics.Builder { return b.metrics }
+
+// workers counts the workers and what they do now.
+func (b *Builder) workers() metrics.Workers {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := metrics.Workers{Builds: b.opts.BuildWorkers, Uploads: b.opts.UploadWorkers}
+	for k := range b.active {
+		if strings.HasPrefix(k, "build/") {
+			w.BusyBuilds++
+		} else {
+			w.BusyUploads++
+		}
+	}
+	return w
+}
 
 // Builds is the builder's view of the build records.
 func (b *Builder) Builds() *kv.Cache[kv.ImageBuild] { return b.builds }
@@ -342,18 +362,32 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 // runs already (another worker of this process has it).
 func (b *Builder) claim(key string) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.active[key] {
+		b.mu.Unlock()
 		return false
 	}
 	b.active[key] = true
+	b.mu.Unlock()
+	b.workersChanged(key, true)
 	return true
 }
 
 func (b *Builder) unclaim(key string) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	delete(b.active, key)
+	b.mu.Unlock()
+	b.workersChanged(key, false)
+}
+
+// workersChanged tells statsd what the workers do now.
+func (b *Builder) workersChanged(key string, busy bool) {
+	parts := strings.Split(key, "/")
+	switch {
+	case len(parts) == 2:
+		b.metrics.WorkersChanged(parts[1], "", busy)
+	case len(parts) >= 3:
+		b.metrics.WorkersChanged(parts[1], strings.Join(parts[2:], "/"), busy)
+	}
 }
 
 func (b *Builder) running(key string) bool {
@@ -382,8 +416,7 @@ func (b *Builder) paused(di *config.Diskimage) bool {
 
 // imageProvider returns the driver of a provider if it takes images.
 func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
-	ip, ok := b.opts.Providers[name].(drivers.ImageProvider)
-	return ip, ok
+	return drivers.As[drivers.ImageProvider](b.opts.Providers[name])
 }
 
 // formats lists the formats a build of the image must have: those of its

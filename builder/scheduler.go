@@ -432,13 +432,13 @@ func (s *scheduler) deleteUpload(ctx context.Context, u kv.ImageUpload) {
 		e.Value.SetState(kv.ImageDeleted, time.Now().UTC())
 		if _, err := b.uploads.Update(ctx, key, &e.Value, e.Revision); err == nil {
 			b.log.Info("upload deleted by an operator; its build will not be uploaded to this provider again", "upload", key)
-			b.metrics.UploadsDeleted.Add(1)
+			b.metrics.Deleted("upload")
 		}
 		return
 	}
 	if err := b.img.Uploads.Delete(ctx, key, e.Revision); err == nil {
 		b.log.Info("upload deleted", "upload", key, "external_id", u.ExternalID)
-		b.metrics.UploadsDeleted.Add(1)
+		b.metrics.Deleted("upload")
 	}
 }
 
@@ -458,7 +458,7 @@ func (s *scheduler) deleteBuild(ctx context.Context, bl kv.ImageBuild) {
 	}
 	if err := b.img.Builds.Delete(ctx, bl.Key(), e.Revision); err == nil {
 		b.log.Info("build deleted", "image", bl.Image, "build", bl.ID)
-		b.metrics.BuildsDeleted.Add(1)
+		b.metrics.Deleted("build")
 	}
 }
 
@@ -491,7 +491,7 @@ func (s *scheduler) leaks(ctx context.Context, uploads []kv.ImageUpload) {
 				continue
 			}
 			b.log.Info("deleted a leaked image", "provider", p.Name, "external_id", img.ExternalID, "name", img.Name, "upload", img.Tags[drivers.TagUpload])
-			b.metrics.LeakedImagesDeleted.Add(1)
+			b.metrics.LeakedDeleted(p.Name, "images", 1)
 			delete(s.suspects, key)
 		}
 	}

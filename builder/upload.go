@@ -14,6 +14,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // handleUpload answers one upload trigger: it uploads the newest ready
@@ -208,6 +209,7 @@ func (b *Builder) runUpload(ctx context.Context, msg jetstream.Msg, lease *kv.Le
 	stop := b.keepAlive(ctx, msg, lease, cancel)
 	defer stop()
 
+	started := time.Now()
 	img, err := b.upload(uctx, drv, build, &u)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w: builder %s stopped during the upload", errStopping, b.opts.ID)
@@ -247,15 +249,15 @@ func (b *Builder) runUpload(ctx context.Context, msg jetstream.Msg, lease *kv.Le
 	switch {
 	case interrupted:
 		log.Warn("upload interrupted; handing its trigger back", "err", err)
-		b.metrics.UploadsFailed.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageInterrupted, time.Since(started), 0)
 		_ = msg.Nak()
 		return
 	case err != nil:
 		log.Warn("upload failed; the scheduler tries again", "err", err, "retry_in", b.backoff(u.Attempt))
-		b.metrics.UploadsFailed.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageFailed, time.Since(started), 0)
 	default:
 		log.Info("upload ready", "external_id", img.ExternalID)
-		b.metrics.UploadsReady.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageReady, time.Since(started), img.Size)
 	}
 	_ = msg.Ack()
 }

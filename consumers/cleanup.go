@@ -325,7 +325,7 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 		wg.Go(func() {
 			defer c.deleting.Delete(key)
 			if l.lifecycle.deleteInstance(ctx, drv, inst.ExternalID, nil) {
-				l.metrics.LeakedDeleted.Add(1)
+				l.metrics.LeakedDeleted(provider, "instances", 1)
 			}
 		})
 	}

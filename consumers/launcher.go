@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +24,8 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // Requestor names used by nodepool itself.
@@ -47,6 +51,8 @@ type Options struct {
 	// (default: launcher).
 	Roles []string
 	Log   *slog.Logger
+	// Metrics is the process's metrics registry (nil: a private one).
+	Metrics *metrics.Registry
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -62,7 +68,11 @@ type Launcher struct {
 	images     *imageIndex // uploads of diskimages (nil without diskimage labels)
 
 	lifecycle *lifecycle
-	metrics   *Metrics
+	metrics   *metrics.Launcher
+	system    *metrics.System
+	// statsLeader is set while this process holds the cleanup lease: it
+	// then exports the gauges of the whole system.
+	statsLeader atomic.Bool
 
 	// paused holds the pools this process leads that wait on quota; a
 	// change is announced at once through beat.
@@ -128,7 +138,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
 		images:     newImageIndex(b, opts.Config, log),
-		metrics:    NewMetrics(),
+		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
 		limiters:   limiters,
@@ -136,11 +146,22 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	}
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
+	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{
+		Leader: l.statsLeader.Load,
+		Nodes: func(yield func(*kv.Node) bool) {
+			l.nodes.Range(func(e *kv.Entry[kv.Node]) bool { return yield(&e.Value) })
+		},
+		Requests: func(yield func(*kv.Request) bool) {
+			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
+		},
+		Pools: func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
+		Config: func() *config.Config { return l.opts.Config },
+	})
 	return l, nil
 }
 
-// Metrics returns the launcher's counters.
-func (l *Launcher) Metrics() *Metrics { return l.metrics }
+// Metrics returns the launcher's series.
+func (l *Launcher) Metrics() *metrics.Launcher { return l.metrics }
 
 // Nodes is the launcher's view of the nodes bucket.
 func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
@@ -228,7 +249,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
 	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
-	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", cl.run)) })
+	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
 	l.log.Info("launcher running", "providers", len(l.opts.Providers))
 	l.running.Store(true)
@@ -370,4 +391,23 @@ func (l *Launcher) livePools() map[string]kv.ComponentPool {
 		return true
 	})
 	return out
+}
+
+// exportingSystem runs fn (cleanup's loop) as the process that exports
+// the gauges of the whole system: to Prometheus while it runs, and to
+// statsd every sync interval.
+func (l *Launcher) exportingSystem(fn func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
+		l.statsLeader.Store(true)
+		defer l.statsLeader.Store(false)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for wait.Sleep(ctx, l.opts.SyncInterval) {
+				l.system.Send()
+			}
+		}()
+		fn(ctx)
+		<-done
+	}
 }

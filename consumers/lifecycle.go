@@ -281,6 +281,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		return err
 	}
+	if state == kv.NodeUsed {
+		lc.l.log.Info("node returned", "node", e.Key, "provider", n.Provider, "pool", n.Pool,
+			"label", createRequest(n).Label, "request", n.AllocatedTo, "holder", n.Holder)
+	}
 	lc.launch(claimed, slot)
 	slot = false // launch owns it now
 	return nil

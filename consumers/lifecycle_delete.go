@@ -107,7 +107,9 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 		}
 		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
 		if err == nil || errors.Is(err, kv.ErrNotFound) {
-			l.metrics.NodesDeleted.Add(1)
+			label := createRequest(&cur.Value).Label
+			l.metrics.NodeDeleted(n.Provider, label)
+			l.log.Info("node deleted", "node", id, "provider", n.Provider, "pool", n.Pool, "label", label, "external_id", n.ExternalID)
 			return
 		}
 		if errors.Is(err, kv.ErrConflict) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // InboxPrefix is the prefix of the reply subjects of nodepool's processes
@@ -51,12 +53,21 @@ type Process struct {
 	providers map[string]drivers.Provider
 	launcher  *consumers.Launcher
 	builder   *builder.Builder
+	metrics   *metrics.Registry
 }
 
 // Start brings a process up to the point where its roles can run: NATS
 // (embedded or external), streams, buckets and drivers.
 func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog.Logger) (*Process, error) {
 	p := &Process{Settings: s, Config: cfg, Log: log}
+	sd, err := metrics.StatsdFromEnv(nil, log)
+	if err != nil {
+		return nil, err
+	}
+	if sd != nil {
+		log.Info("sending Nodepool's statsd metrics", "statsd", os.Getenv("STATSD_HOST")+":"+os.Getenv("STATSD_PORT"))
+	}
+	p.metrics = metrics.New(sd)
 	ok := false
 	defer func() {
 		if !ok {
@@ -67,7 +78,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// Replies to nodepool's processes go to inboxes of their own, so that a
 	// user who may subscribe to _INBOX.> (nats.conf's requestor) cannot
 	// read them.
-	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix))
+	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix), connectionLog(log))
 	if s.Embedded() {
 		lock, err := LockDataDir(s.DataDir, fmt.Sprintf("id %s, NATS on %s", s.ID, s.NatsListen))
 		if err != nil {
@@ -99,18 +110,21 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
 		return nil, err
 	}
+	for name, drv := range p.providers {
+		p.providers[name] = drivers.Measured(drv, name, p.metrics.DriverCalls())
+	}
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
 			ID: s.ID, Config: cfg, Providers: p.providers,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
-			Version: Version, Roles: s.Roles, Log: log,
+			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
 	if s.HasRole(config.RoleBuilder) {
-		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, log); err != nil {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, p.metrics, log); err != nil {
 			return nil, err
 		}
 	}
@@ -152,7 +166,7 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 // NewBuilder prepares the builder role: image files go under the
 // configuration's images-dir (default <data dir>/images), build logs under
 // build-log-dir (default <data dir>/build-logs).
-func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, log *slog.Logger) (*builder.Builder, error) {
+func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, reg *metrics.Registry, log *slog.Logger) (*builder.Builder, error) {
 	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
 	if imagesDir == "" {
 		imagesDir = filepath.Join(s.DataDir, "images")
@@ -163,9 +177,12 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 	return builder.New(js, b, builder.Options{
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
-		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log,
+		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log, Metrics: reg,
 	})
 }
+
+// Metrics is the process's metrics registry.
+func (p *Process) Metrics() *metrics.Registry { return p.metrics }
 
 // Builder is the builder role (nil if the process does not run it).
 func (p *Process) Builder() *builder.Builder { return p.builder }
@@ -246,11 +263,31 @@ func (p *Process) Close() {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	p.metrics.Statsd().Close()
 	if p.server != nil {
 		p.server.Shutdown()
 		p.server.WaitForShutdown()
 	}
 	p.lock.Release()
+}
+
+// connectionLog logs, at the default level, each time the process loses
+// its NATS connection, gets it back, or loses it for good.
+func connectionLog(log *slog.Logger) nats.Option {
+	return func(o *nats.Options) error {
+		o.DisconnectedErrCB = func(nc *nats.Conn, err error) {
+			log.Warn("NATS disconnected; reconnecting", "server", nc.ConnectedUrlRedacted(), "err", err)
+		}
+		o.ReconnectedCB = func(nc *nats.Conn) {
+			log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+		}
+		o.ClosedCB = func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Error("NATS connection closed", "err", err)
+			}
+		}
+		return nil
+	}
 }
 
 // StartEmbedded starts a nats-server with JetStream on addr (host:port),
