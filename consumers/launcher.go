@@ -23,8 +23,8 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
-	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 )
 
@@ -154,7 +154,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		Requests: func(yield func(*kv.Request) bool) {
 			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
 		},
-		Pools: func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
+		Pools:  func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
 		Config: func() *config.Config { return l.opts.Config },
 	})
 	return l, nil

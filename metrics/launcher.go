@@ -130,7 +130,9 @@ func (m *Launcher) AttemptFailed(provider, label, kind string) {
 }
 
 // CloudWait records a cloud's request to wait.
-func (m *Launcher) CloudWait(provider, kind string) { m.cloudWaits.WithLabelValues(provider, kind).Inc() }
+func (m *Launcher) CloudWait(provider, kind string) {
+	m.cloudWaits.WithLabelValues(provider, kind).Inc()
+}
 
 // RequestReceived records a request message recorded.
 func (m *Launcher) RequestReceived() { m.received.Inc() }
@@ -145,10 +147,14 @@ func (m *Launcher) Request(provider, pool, result string, waited time.Duration) 
 }
 
 // Allocated records a ready node given to a request.
-func (m *Launcher) Allocated(provider, pool string) { m.allocated.WithLabelValues(provider, pool).Inc() }
+func (m *Launcher) Allocated(provider, pool string) {
+	m.allocated.WithLabelValues(provider, pool).Inc()
+}
 
 // NodeDeleted records a node deleted.
-func (m *Launcher) NodeDeleted(provider, label string) { m.deleted.WithLabelValues(provider, label).Inc() }
+func (m *Launcher) NodeDeleted(provider, label string) {
+	m.deleted.WithLabelValues(provider, label).Inc()
+}
 
 // Pass records a scheduler pass.
 func (m *Launcher) Pass(provider, pool string, took time.Duration) {
@@ -156,7 +162,9 @@ func (m *Launcher) Pass(provider, pool string, took time.Duration) {
 }
 
 // LeakedDeleted counts leaked resources deleted (see Registry).
-func (m *Launcher) LeakedDeleted(provider, kind string, n int) { m.reg.LeakedDeleted(provider, kind, n) }
+func (m *Launcher) LeakedDeleted(provider, kind string, n int) {
+	m.reg.LeakedDeleted(provider, kind, n)
+}
 
 // PassObserver is Pass for one pool, looked up once (passes are many).
 func (m *Launcher) PassObserver(provider, pool string) func(time.Duration) {
