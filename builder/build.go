@@ -60,10 +60,10 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 		drop(slog.LevelError, "dropping a build trigger", "err", err)
 		return
 	}
-	di, ok := b.cfg.Diskimage(image)
+	di, ok := b.config().Diskimage(image)
 	if !ok || di.Abstract {
 		drop(slog.LevelError, "dropping a build trigger: no such image in the configuration (or it is abstract)",
-			"image", image, "images", b.cfg.DiskimageNames())
+			"image", image, "images", b.config().DiskimageNames())
 		return
 	}
 	log := b.log.With("image", image, "trigger", meta.Sequence.Stream, "reason", m.Reason)
@@ -290,7 +290,7 @@ var errLost = errors.New("no longer owned by this builder")
 // triggerUploads publishes an upload trigger for each provider that takes
 // a new build.
 func (b *Builder) triggerUploads(ctx context.Context, image, build string) {
-	for _, p := range b.cfg.ImageProviders(image) {
+	for _, p := range b.config().ImageProviders(image) {
 		if _, ok := b.imageProvider(p.Name); !ok {
 			continue
 		}

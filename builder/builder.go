@@ -15,7 +15,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/token"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,8 +102,10 @@ type Options struct {
 
 // Builder is one process's share of the builder's worker groups.
 type Builder struct {
-	opts  Options
-	cfg   *config.Config
+	opts Options
+	// live is the configuration in force and its drivers; a reload swaps
+	// it whole.
+	live  atomic.Pointer[liveConfig]
 	js    jetstream.JetStream
 	b     *kv.Buckets
 	img   *kv.ImageStores
@@ -168,14 +171,35 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	log := opts.Log.With("builder", opts.ID)
 	img := kv.NewImageStores(b.Images)
 	bl := &Builder{
-		opts: opts, cfg: opts.Config, js: js, b: b, img: img, log: log, runID: runID,
+		opts: opts, js: js, b: b, img: img, log: log, runID: runID,
 		images:  kv.NewCache(img.Images, log),
 		builds:  kv.NewCache(img.Builds, log),
 		uploads: kv.NewCache(img.Uploads, log),
 		active:  map[string]bool{},
 	}
+	bl.live.Store(&liveConfig{cfg: opts.Config, providers: opts.Providers})
 	bl.metrics = metrics.NewBuilder(opts.Metrics, bl.workers)
 	return bl, nil
+}
+
+// liveConfig is a configuration and its drivers.
+type liveConfig struct {
+	cfg       *config.Config
+	providers map[string]drivers.Provider
+}
+
+// config is the configuration in force.
+func (b *Builder) config() *config.Config { return b.live.Load().cfg }
+
+// providers are the drivers of the configuration in force.
+func (b *Builder) providers() map[string]drivers.Provider { return b.live.Load().providers }
+
+// Reload makes a new configuration and its drivers the builder's: the
+// scheduler's next pass schedules by its diskimages and providers; builds
+// and uploads in flight finish with what they started with.
+func (b *Builder) Reload(cfg *config.Config, providers map[string]drivers.Provider) {
+	b.live.Store(&liveConfig{cfg: cfg, providers: providers})
+	b.log.Info("builder configuration reloaded", "images", len(cfg.DiskimageNames()))
 }
 
 // Metrics returns the builder's series.
@@ -274,7 +298,7 @@ func (b *Builder) Run(ctx context.Context) error {
 	wg.Go(func() { lease.Elect(ctx, sched.run) })
 
 	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,
-		"images", len(b.cfg.DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
+		"images", len(b.config().DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
 	b.up.Store(true)
 	<-ctx.Done()
 	b.up.Store(false)
@@ -416,7 +440,7 @@ func (b *Builder) paused(di *config.Diskimage) bool {
 
 // imageProvider returns the driver of a provider if it takes images.
 func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
-	return drivers.As[drivers.ImageProvider](b.opts.Providers[name])
+	return drivers.As[drivers.ImageProvider](b.providers()[name])
 }
 
 // formats lists the formats a build of the image must have: those of its
@@ -424,7 +448,7 @@ func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
 // provider lists and with no formats is not built (as in Nodepool).
 func (b *Builder) formats(di *config.Diskimage) []string {
 	out := slices.Clone(di.Formats)
-	for _, p := range b.cfg.ImageProviders(di.Name) {
+	for _, p := range b.config().ImageProviders(di.Name) {
 		if ip, ok := b.imageProvider(p.Name); ok {
 			out = append(out, ip.ImageFormat())
 		}

@@ -38,8 +38,8 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		drop(slog.LevelError, "dropping an upload trigger", "err", err)
 		return
 	}
-	di, ok := b.cfg.Diskimage(image)
-	pc, pok := b.cfg.Provider(provider)
+	di, ok := b.config().Diskimage(image)
+	pc, pok := b.config().Provider(provider)
 	if !ok || di.Abstract || !pok {
 		drop(slog.LevelError, "dropping an upload trigger: no such image or provider in the configuration", "image", image, "provider", provider)
 		return
@@ -63,6 +63,13 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	defer b.unclaim(uploadClaim(image, provider))
+	// The upload keeps the driver it starts with, whatever a reload does.
+	done, usable := drivers.Use(b.providers()[provider])
+	if !usable {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	defer done()
 	lease := kv.NewLease(b.b.Locks, uploadLease(image, provider), b.runID, b.opts.LeaseTTL, log)
 	held, err := lease.TryAcquire(ctx)
 	if err != nil {
@@ -280,7 +287,7 @@ func (b *Builder) upload(ctx context.Context, drv drivers.ImageProvider, build *
 	// The diskimage's metadata are the image's default tags; nodepool's
 	// own tags win.
 	tags := map[string]string{}
-	if di, ok := b.cfg.Diskimage(build.Image); ok {
+	if di, ok := b.config().Diskimage(build.Image); ok {
 		maps.Copy(tags, di.Metadata)
 	}
 	maps.Copy(tags, map[string]string{

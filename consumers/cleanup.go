@@ -83,8 +83,11 @@ func (c *cleanup) run(ctx context.Context) {
 		c.revisit(ctx)
 		c.expire(ctx)
 		c.requests(ctx)
-		for name, drv := range c.l.opts.Providers {
-			c.leaks(ctx, &wg, name, drv)
+		for name := range c.l.current().providers {
+			if u, ok := c.l.use(name); ok {
+				c.leaks(ctx, &wg, name, u.drv)
+				u.done()
+			}
 		}
 		if time.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)
@@ -179,7 +182,7 @@ func (c *cleanup) expire(ctx context.Context) {
 	l := c.l
 	now := time.Now().UTC()
 	maxReady := map[string]time.Duration{}
-	for _, lb := range l.opts.Config.Labels {
+	for _, lb := range l.config().Labels {
 		if lb.MaxReadyAge > 0 {
 			maxReady[lb.Name] = lb.MaxReadyAge.D()
 		}
@@ -196,7 +199,7 @@ func (c *cleanup) expire(ctx context.Context) {
 			if n.HoldExpiration != nil && now.After(*n.HoldExpiration) {
 				return "hold expired at " + n.HoldExpiration.Format(time.RFC3339)
 			}
-			if age := l.opts.Config.MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
+			if age := l.config().MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
 				return fmt.Sprintf("held for longer than max-hold-age %s", age)
 			}
 		case kv.NodeInUse:
@@ -324,6 +327,11 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 		l.log.Info("deleting leaked instance", "provider", provider, "external_id", inst.ExternalID, "node", inst.NodeID())
 		wg.Go(func() {
 			defer c.deleting.Delete(key)
+			done, ok := drivers.Use(drv)
+			if !ok {
+				return // replaced by a reload meanwhile; the next sweep sees it again
+			}
+			defer done()
 			if l.lifecycle.deleteInstance(ctx, drv, inst.ExternalID, nil) {
 				l.metrics.LeakedDeleted(provider, "instances", 1)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -18,17 +17,9 @@ type imageIndex struct {
 	uploads *kv.Cache[kv.ImageUpload]
 }
 
-func newImageIndex(b *kv.Buckets, cfg *config.Config, log *slog.Logger) *imageIndex {
-	for _, p := range cfg.Providers {
-		for _, pool := range p.Pools {
-			for _, pl := range pool.Labels {
-				if pl.Diskimage != "" {
-					return &imageIndex{uploads: kv.NewCache(kv.NewImageStores(b.Images).Uploads, log)}
-				}
-			}
-		}
-	}
-	return nil
+func newImageIndex(b *kv.Buckets, log *slog.Logger) *imageIndex {
+	// Always kept: a reload may add labels with diskimages.
+	return &imageIndex{uploads: kv.NewCache(kv.NewImageStores(b.Images).Uploads, log)}
 }
 
 // caches are the watch caches to run with the launcher's.
@@ -135,7 +126,7 @@ func (s *scheduler) imagesReady(r *kv.Request) bool {
 // node's provider is the image to boot.
 func (l *Launcher) createRequest(n *kv.Node) drivers.CreateRequest {
 	req := createRequest(n)
-	prov, ok := l.opts.Config.Provider(n.Provider)
+	prov, ok := l.config().Provider(n.Provider)
 	if !ok {
 		return req
 	}

@@ -275,7 +275,7 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 // configuration nor any live launcher's pools provide (launchers may run
 // different configurations), and the labels that are known.
 func (l *Launcher) unknownLabels(labels []string) (unknown, known []string) {
-	known = l.opts.Config.LabelNames()
+	known = l.config().LabelNames()
 	for _, p := range l.livePools() {
 		for _, lb := range p.Labels {
 			if !slices.Contains(known, lb) {

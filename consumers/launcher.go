@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"maps"
 	"os"
@@ -80,9 +79,16 @@ type Launcher struct {
 	paused   map[string]bool
 	beat     chan struct{}
 
-	// limiters pace each provider's API calls; every live launcher takes
-	// an equal share of the provider's rate.
-	limiters map[string]*rate.Limiter
+	// snap is the configuration in force and its drivers (reload.go);
+	// reloadMu serializes reloads with the start and end of Run, which
+	// sets runCtx while the pool schedulers and driver managers (runners)
+	// may run.
+	snap         atomic.Pointer[snapshot]
+	reloadMu     sync.Mutex
+	runCtx       context.Context
+	runners      map[string]*runner
+	runnersWG    sync.WaitGroup
+	ratesChanged chan struct{}
 
 	// born is when the launcher was made; lastBeat is when (since born)
 	// the last successful heartbeat was sent (fence.go).
@@ -103,11 +109,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.Config == nil {
 		return nil, errors.New("launcher needs a configuration")
 	}
-	for _, p := range opts.Config.Providers {
-		if _, ok := opts.Providers[p.Name]; !ok {
-			return nil, fmt.Errorf("provider %s has no driver", p.Name)
-		}
-	}
 	if opts.LeaseTTL == 0 {
 		opts.LeaseTTL = 10 * time.Second
 	}
@@ -118,17 +119,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		opts.Log = slog.Default()
 	}
 	log := opts.Log.With("launcher", opts.ID)
-	providers := make(map[string]drivers.Provider, len(opts.Providers))
-	limiters := map[string]*rate.Limiter{}
-	for name, p := range opts.Providers {
-		providers[name] = p
-		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
-			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
-			limiters[name] = lim
-			providers[name] = drivers.RateLimited(p, lim)
-		}
-	}
-	opts.Providers = providers
 	l := &Launcher{
 		opts:       opts,
 		js:         js,
@@ -137,13 +127,20 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		nodes:      kv.NewCache(b.Nodes, log),
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
-		images:     newImageIndex(b, opts.Config, log),
+		images:     newImageIndex(b, log),
 		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
-		limiters:   limiters,
 		born:       time.Now(),
+		runners:    map[string]*runner{},
+
+		ratesChanged: make(chan struct{}, 1),
 	}
+	snap, err := l.newSnapshot(opts.Config, opts.Providers, nil)
+	if err != nil {
+		return nil, err
+	}
+	l.snap.Store(snap)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
 	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{
@@ -155,7 +152,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
 		},
 		Pools:  func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
-		Config: func() *config.Config { return l.opts.Config },
+		Config: l.config,
 	})
 	return l, nil
 }
@@ -211,9 +208,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
-	if len(l.limiters) > 0 {
-		wg.Go(func() { l.shareRates(ctx) })
-	}
+	wg.Go(func() { l.shareRates(ctx) })
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -227,23 +222,10 @@ func (l *Launcher) Run(ctx context.Context) error {
 	l.lifecycle.resumeOwn(ctx)
 	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
 
-	for i := range l.opts.Config.Providers {
-		prov := &l.opts.Config.Providers[i]
-		for j := range prov.Pools {
-			pool := &prov.Pools[j]
-			s := newScheduler(l, prov, pool)
-			lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() { lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run)) })
-		}
-	}
-	for name, drv := range l.opts.Providers {
-		if m, ok := drivers.As[drivers.Manager](drv); ok {
-			lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() {
-				lease.Elect(ctx, safeLoop(l, "manager of "+name, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }))
-			})
-		}
-	}
+	l.reloadMu.Lock()
+	l.runCtx = ctx
+	l.syncRunners()
+	l.reloadMu.Unlock()
 	mr := newMinReady(l)
 	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
@@ -251,7 +233,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
 	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
-	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	l.log.Info("launcher running", "providers", len(l.config().Providers))
 	l.running.Store(true)
 	<-ctx.Done()
 	l.running.Store(false)
@@ -261,6 +243,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	// delivered again to another process.
 	intake.Stop()
 	lc.Stop()
+	l.stopRunners()
 	wg.Wait()
 	l.lifecycle.stop()
 
@@ -285,7 +268,7 @@ func (l *Launcher) component() *kv.Component {
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()
-	for _, p := range l.opts.Config.Providers {
+	for _, p := range l.config().Providers {
 		for _, pool := range p.Pools {
 			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
 			for _, pl := range pool.Labels {
@@ -340,8 +323,9 @@ func (l *Launcher) shareRates(ctx context.Context) {
 	defer l.components.Unsubscribe(sub)
 	for {
 		sub.Drain()
-		for name, lim := range l.limiters {
-			pc, _ := l.opts.Config.Provider(name)
+		snap := l.current()
+		for name, lim := range snap.limiters {
+			pc, _ := snap.cfg.Provider(name)
 			n := 0
 			l.components.Range(func(e *kv.Entry[kv.Component]) bool {
 				for _, p := range e.Value.Pools {
@@ -362,6 +346,7 @@ func (l *Launcher) shareRates(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-sub.C():
+		case <-l.ratesChanged:
 		}
 	}
 }

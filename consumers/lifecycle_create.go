@@ -30,18 +30,17 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 // attempts (each failed instance deleted first) up to launch-retries.
 // Stopped (its context ended, or the node no longer its own), it returns
 // the instance its machine made, which the node may not record yet.
-func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan string) {
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u providerUse) (orphan string) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
-	prov, _ := l.opts.Config.Provider(n.Provider)
-	drv := l.opts.Providers[n.Provider]
+	prov, drv := u.cfg, u.drv
 	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
 	if n.Attempt == 0 {
 		n.Attempt = 1
 	}
 	what := "launch started"
-	if len(n.DriverData) > 0 || n.ExternalID != "" || n.Attempt > 1 {
+	if (len(n.DriverData) > 0 && string(n.DriverData) != "null") || n.ExternalID != "" || n.Attempt > 1 {
 		what = "launch resumed"
 	}
 	log.Info(what, "label", createRequest(&n).Label, "request", n.AllocatedTo, "attempt", n.Attempt)
@@ -172,7 +171,7 @@ var errBootTimeout = errors.New("boot timeout")
 func (l *Launcher) launchEnded(n *kv.Node, result string) {
 	label := createRequest(n).Label
 	image := ""
-	if prov, ok := l.opts.Config.Provider(n.Provider); ok {
+	if prov, ok := l.config().Provider(n.Provider); ok {
 		if pool, ok := prov.Pool(n.Pool); ok {
 			if pl, ok := pool.Label(label); ok {
 				image = cmp.Or(pl.Diskimage, pl.CloudImage)

@@ -64,11 +64,11 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 }
 
 // runDelete deletes a node's instance and then its record.
-func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
+func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u providerUse) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
-	drv := l.opts.Providers[n.Provider]
+	drv := u.drv
 	if n.ExternalID != "" {
 		sm, err := drv.Delete(n.ExternalID, n.DriverData)
 		if err != nil {

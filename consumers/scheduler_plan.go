@@ -48,7 +48,7 @@ func (t *term) headroom() *headroom {
 		provider: t.cloud.limits.Sub(t.cloud.others).Sub(used.provUsed),
 		tenants:  map[string]kv.Resources{},
 	}
-	for _, tl := range t.l.opts.Config.TenantResourceLimits {
+	for _, tl := range t.snap.cfg.TenantResourceLimits {
 		h.tenants[tl.TenantName] = tenantLimits(tl).Sub(used.tenants[tl.TenantName])
 	}
 	for _, in := range t.jobs.newNodes {
@@ -266,7 +266,7 @@ func (t *term) cannotServe(r *kv.Request) string {
 	if why, over := exceeds(all, t.cloud.limits); over {
 		return "needs more than the provider's whole quota (" + why + ")"
 	}
-	if tl, ok := t.l.opts.Config.TenantLimit(r.Tenant); ok {
+	if tl, ok := t.snap.cfg.TenantLimit(r.Tenant); ok {
 		if why, over := exceeds(all, tenantLimits(tl)); over {
 			return "needs more than tenant " + r.Tenant + " may ever hold (" + why + ")"
 		}

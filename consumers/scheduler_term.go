@@ -48,7 +48,7 @@ func (t *term) run(ctx context.Context) {
 
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.
-	drv := t.l.opts.Providers[t.prov.Name]
+	drv := t.drv
 	if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
 		t.cloud = q
 	} else if ctx.Err() == nil {

@@ -167,7 +167,7 @@ func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) 
 // group launches it.
 func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 	now := time.Now().UTC()
-	size, err := s.l.opts.Providers[s.prov.Name].QuotaForLabel(s.pool.Name, sl.label)
+	size, err := s.drv.QuotaForLabel(s.pool.Name, sl.label)
 	if err != nil {
 		size = kv.Resources{Instances: 1}
 	}
