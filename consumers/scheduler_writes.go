@@ -233,6 +233,20 @@ func (s *scheduler) fail(ctx context.Context, id, reason string) {
 	}
 }
 
+// noteWait records why a waiting request waits in this pool.
+func (s *scheduler) noteWait(ctx context.Context, id, why string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) || r.Reason == why || !mayNoteWait(r.Reason, s.ref) {
+			return kv.ErrSkip
+		}
+		r.Reason = why
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		s.log.Debug("could not note why a request waits", "request", id, "err", err)
+	}
+}
+
 // decline records that this pool cannot serve a request, and why (in the
 // reason, which says why every pool declined when the last one fails it).
 func (s *scheduler) decline(ctx context.Context, id, why string) {
@@ -242,7 +256,7 @@ func (s *scheduler) decline(ctx context.Context, id, why string) {
 		}
 		r.DeclinedBy = append(r.DeclinedBy, s.ref)
 		note := s.ref + ": " + why
-		if r.Reason == "" {
+		if r.Reason == "" || strings.HasPrefix(r.Reason, "waiting in pool ") {
 			r.Reason = note
 		} else {
 			r.Reason += "; " + note

@@ -360,6 +360,9 @@ func (p *Process) Close() {
 func connectionLog(log *slog.Logger) nats.Option {
 	return func(o *nats.Options) error {
 		o.DisconnectedErrCB = func(nc *nats.Conn, err error) {
+			if err == nil {
+				return // the process closes its own connection
+			}
 			log.Warn("NATS disconnected; reconnecting", "server", nc.ConnectedUrlRedacted(), "err", err)
 		}
 		o.ReconnectedCB = func(nc *nats.Conn) {
