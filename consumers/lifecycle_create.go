@@ -90,12 +90,12 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 		case err != nil:
 			attemptErr = err
 		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
-			attemptErr = fmt.Errorf("%w: not ready within boot-timeout %s", errBootTimeout, prov.BootTimeout.D())
+			attemptErr = bootTimeout{prov.BootTimeout.D()}
 		}
 		waits = 0
 		if attemptErr != nil {
 			kind := drivers.ErrorKind(attemptErr)
-			if errors.Is(attemptErr, errBootTimeout) {
+			if errors.As(attemptErr, new(bootTimeout)) {
 				kind = "boot_timeout"
 			}
 			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, kind)
@@ -164,8 +164,10 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 	return sm.ExternalID()
 }
 
-// errBootTimeout: an attempt's instance was not ready within boot-timeout.
-var errBootTimeout = errors.New("boot timeout")
+// bootTimeout: an attempt's instance was not ready within boot-timeout.
+type bootTimeout struct{ d time.Duration }
+
+func (e bootTimeout) Error() string { return fmt.Sprintf("not ready within boot-timeout %s", e.d) }
 
 // launchEnded counts a launch that ended, with Nodepool's breakdowns.
 func (l *Launcher) launchEnded(n *kv.Node, result string) {
