@@ -9,10 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +21,9 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // Requestor names used by nodepool itself.
@@ -46,11 +48,12 @@ type Options struct {
 	// Roles are the process's roles, reported in the component record
 	// (default: launcher).
 	Roles []string
-	// Pacer paces the API calls of the providers, shared with the other
-	// roles of the process; the Providers are then already wrapped by it.
-	// Without one, the launcher makes its own and wraps them.
-	Pacer *drivers.Pacer
 	Log   *slog.Logger
+	// Metrics is the process's metrics registry (nil: a private one).
+	Metrics *metrics.Registry
+	// Pacer paces the providers' API calls, shared with the other roles
+	// of the process (nil: one of the launcher's own).
+	Pacer *drivers.Pacer
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -66,13 +69,27 @@ type Launcher struct {
 	images     *imageIndex // uploads of diskimages (nil without diskimage labels)
 
 	lifecycle *lifecycle
-	metrics   *Metrics
+	metrics   *metrics.Launcher
+	system    *metrics.System
+	// statsLeader is set while this process holds the cleanup lease: it
+	// then exports the gauges of the whole system.
+	statsLeader atomic.Bool
 
 	// paused holds the pools this process leads that wait on quota; a
 	// change is announced at once through beat.
 	pausedMu sync.Mutex
 	paused   map[string]bool
 	beat     chan struct{}
+
+	// snap is the configuration in force and its drivers (reload.go);
+	// reloadMu serializes reloads with the start and end of Run, which
+	// sets runCtx while the pool schedulers and driver managers (runners)
+	// may run.
+	snap      atomic.Pointer[snapshot]
+	reloadMu  sync.Mutex
+	runCtx    context.Context
+	runners   map[string]*runner
+	runnersWG sync.WaitGroup
 
 	// born is when the launcher was made; lastBeat is when (since born)
 	// the last successful heartbeat was sent (fence.go).
@@ -93,11 +110,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.Config == nil {
 		return nil, errors.New("launcher needs a configuration")
 	}
-	for _, p := range opts.Config.Providers {
-		if _, ok := opts.Providers[p.Name]; !ok {
-			return nil, fmt.Errorf("provider %s has no driver", p.Name)
-		}
-	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -113,17 +125,10 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.SyncInterval == 0 {
 		opts.SyncInterval = 5 * time.Second
 	}
-	if opts.Log == nil {
-		opts.Log = slog.Default()
-	}
 	log := opts.Log.With("launcher", opts.ID)
-	providers := maps.Clone(opts.Providers)
 	if opts.Pacer == nil {
-		// On its own: pace the drivers here.
-		opts.Pacer = NewPacer(opts.Config, log)
-		opts.Pacer.WrapAll(providers)
+		opts.Pacer = drivers.NewPacer(log)
 	}
-	opts.Providers = providers
 	l := &Launcher{
 		opts:       opts,
 		js:         js,
@@ -132,19 +137,36 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		nodes:      kv.NewCache(b.Nodes, log),
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
-		images:     newImageIndex(b, opts.Config, log),
-		metrics:    NewMetrics(),
+		images:     newImageIndex(b, log),
+		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
+		runners:    map[string]*runner{},
 	}
+	snap, err := l.newSnapshot(opts.Config, opts.Providers)
+	if err != nil {
+		return nil, err
+	}
+	l.snap.Store(snap)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
+	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{
+		Leader: l.statsLeader.Load,
+		Nodes: func(yield func(*kv.Node) bool) {
+			l.nodes.Range(func(e *kv.Entry[kv.Node]) bool { return yield(&e.Value) })
+		},
+		Requests: func(yield func(*kv.Request) bool) {
+			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
+		},
+		Pools:  func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
+		Config: l.config,
+	})
 	return l, nil
 }
 
-// Metrics returns the launcher's counters.
-func (l *Launcher) Metrics() *Metrics { return l.metrics }
+// Metrics returns the launcher's series.
+func (l *Launcher) Metrics() *metrics.Launcher { return l.metrics }
 
 // Nodes is the launcher's view of the nodes bucket.
 func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
@@ -194,9 +216,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
-	if l.opts.Pacer.Paced() {
-		wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
-	}
+	wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -210,31 +230,18 @@ func (l *Launcher) Run(ctx context.Context) error {
 	l.lifecycle.resumeOwn(ctx)
 	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
 
-	for i := range l.opts.Config.Providers {
-		prov := &l.opts.Config.Providers[i]
-		for j := range prov.Pools {
-			pool := &prov.Pools[j]
-			s := newScheduler(l, prov, pool)
-			lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() { lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run)) })
-		}
-	}
-	for name, drv := range l.opts.Providers {
-		if m, ok := drivers.As[drivers.Manager](drv); ok {
-			lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() {
-				lease.Elect(ctx, safeLoop(l, "manager of "+name, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }))
-			})
-		}
-	}
+	l.reloadMu.Lock()
+	l.runCtx = ctx
+	l.syncRunners()
+	l.reloadMu.Unlock()
 	mr := newMinReady(l)
 	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
 	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
-	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", cl.run)) })
+	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
-	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	l.log.Info("launcher running", "providers", len(l.config().Providers))
 	l.running.Store(true)
 	<-ctx.Done()
 	l.running.Store(false)
@@ -244,6 +251,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	// delivered again to another process.
 	intake.Stop()
 	lc.Stop()
+	l.stopRunners()
 	wg.Wait()
 	l.lifecycle.stop()
 
@@ -268,7 +276,7 @@ func (l *Launcher) component() *kv.Component {
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()
-	for _, p := range l.opts.Config.Providers {
+	for _, p := range l.config().Providers {
 		for _, pool := range p.Pools {
 			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
 			for _, pl := range pool.Labels {
@@ -315,15 +323,6 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 	}
 }
 
-// NewPacer makes the pacer of a configuration's providers (their rate).
-func NewPacer(cfg *config.Config, log *slog.Logger) *drivers.Pacer {
-	rates := map[string]float64{}
-	for _, p := range cfg.Providers {
-		rates[p.Name] = p.Rate
-	}
-	return drivers.NewPacer(rates, log)
-}
-
 // alive reports whether a component is alive (its heartbeat has not
 // expired).
 func (l *Launcher) alive(id string) bool {
@@ -349,4 +348,23 @@ func (l *Launcher) livePools() map[string]kv.ComponentPool {
 		return true
 	})
 	return out
+}
+
+// exportingSystem runs fn (cleanup's loop) as the process that exports
+// the gauges of the whole system: to Prometheus while it runs, and to
+// statsd every sync interval.
+func (l *Launcher) exportingSystem(fn func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
+		l.statsLeader.Store(true)
+		defer l.statsLeader.Store(false)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for wait.Sleep(ctx, l.opts.SyncInterval) {
+				l.system.Send()
+			}
+		}()
+		fn(ctx)
+		<-done
+	}
 }

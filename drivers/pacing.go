@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 
 	"golang.org/x/time/rate"
 
@@ -13,34 +14,55 @@ import (
 // Pacer paces the API calls of a process's drivers: one limiter for each
 // provider with a rate, shared by every role of the process (the
 // launcher's machines, listings and quota reads, and the builder's image
-// uploads, deletes and listings). Every live process that calls a
-// provider takes an equal share of its rate, so that all of them together
-// stay within it.
+// uploads, deletes and listings) and kept across configuration reloads.
+// Every live process that calls a provider takes an equal share of its
+// rate, so that all of them together stay within it.
 type Pacer struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
 	rates    map[string]float64
 	limiters map[string]*rate.Limiter
-	log      *slog.Logger
+	changed  chan struct{}
 }
 
-// NewPacer makes a pacer for providers with these rates (calls per second;
-// providers without a rate are not paced).
-func NewPacer(rates map[string]float64, log *slog.Logger) *Pacer {
-	p := &Pacer{rates: map[string]float64{}, limiters: map[string]*rate.Limiter{}, log: log}
-	for name, r := range rates {
-		if r > 0 {
-			p.rates[name] = r
-			p.limiters[name] = rate.NewLimiter(rate.Limit(r), 1)
-		}
+// NewPacer makes a pacer; providers are paced as Pace is asked to.
+func NewPacer(log *slog.Logger) *Pacer {
+	return &Pacer{log: log, rates: map[string]float64{}, limiters: map[string]*rate.Limiter{}, changed: make(chan struct{}, 1)}
+}
+
+// Limiter returns the process's limiter of a provider whose rate is r calls
+// a second: made on first use and kept (with its pace) across reloads; nil
+// if r is not positive (the provider is not paced).
+func (p *Pacer) Limiter(name string, r float64) *rate.Limiter {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r <= 0 {
+		delete(p.rates, name)
+		delete(p.limiters, name)
+		return nil
 	}
-	return p
-}
-
-// Wrap paces the calls of one provider's driver (unchanged if it has no
-// rate). A driver that paces every API call itself (Paced) is handed the
-// limiter instead of being wrapped.
-func (p *Pacer) Wrap(name string, prov Provider) Provider {
 	lim, ok := p.limiters[name]
 	if !ok {
+		lim = rate.NewLimiter(rate.Limit(r), 1)
+		p.limiters[name] = lim
+	}
+	if p.rates[name] != r || !ok {
+		p.rates[name] = r
+		select {
+		case p.changed <- struct{}{}:
+		default:
+		}
+	}
+	return lim
+}
+
+// Pace returns a provider's driver as its calls are to be made: wrapped by
+// RateLimited, or handed the limiter if it paces every API call itself
+// (Paced); unchanged without a rate.
+func (p *Pacer) Pace(name string, prov Provider, r float64) Provider {
+	lim := p.Limiter(name, r)
+	if lim == nil {
 		return prov
 	}
 	if paced, ok := As[Paced](prov); ok {
@@ -49,16 +71,6 @@ func (p *Pacer) Wrap(name string, prov Provider) Provider {
 	}
 	return RateLimited(prov, lim)
 }
-
-// WrapAll paces every driver of a map, in place.
-func (p *Pacer) WrapAll(providers map[string]Provider) {
-	for name, prov := range providers {
-		providers[name] = p.Wrap(name, prov)
-	}
-}
-
-// Paced reports whether any provider has a rate.
-func (p *Pacer) Paced() bool { return len(p.limiters) > 0 }
 
 // Share keeps this process's share of each rate until ctx ends: the rate
 // divided by the live processes that call the provider (launchers serving
@@ -69,6 +81,7 @@ func (p *Pacer) Share(ctx context.Context, components *kv.Cache[kv.Component]) {
 	defer components.Unsubscribe(sub)
 	for {
 		sub.Drain()
+		p.mu.Lock()
 		for name, lim := range p.limiters {
 			n := 0
 			components.Range(func(e *kv.Entry[kv.Component]) bool {
@@ -83,10 +96,12 @@ func (p *Pacer) Share(ctx context.Context, components *kv.Cache[kv.Component]) {
 				lim.SetLimit(share)
 			}
 		}
+		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
 		case <-sub.C():
+		case <-p.changed:
 		}
 	}
 }
