@@ -601,3 +601,68 @@ func TestMetastaticRefusesBadBackingRequests(t *testing.T) {
 	h.checkCarved()
 	_ = good
 }
+
+// Labels of a metastatic provider with the same backing-label share
+// backing nodes, in one pool or across pools, as in Nodepool (issue 10).
+func TestMetastaticLabelsShareBackingNodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels:
+  - name: big
+  - name: small
+  - name: medium
+  - name: tiny
+providers:
+  - name: cloud
+    driver: fake
+    boot-delay: 0.2
+    pools:
+      - name: main
+        max-servers: 10
+        labels: [big]
+  - name: meta
+    driver: metastatic
+    pools:
+      - name: main
+        labels:
+          - name: small
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+          - name: medium
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+      - name: other
+        labels:
+          - name: tiny
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+`)
+	h.startLauncher("l1")
+	var ids []string
+	for _, label := range []string{"small", "medium", "tiny", "medium"} {
+		ids = append(ids, h.submit(events.RequestMessage{Labels: []string{label}, Requestor: "test"}))
+	}
+	h.waitDone(30*time.Second, ids...)
+	for _, id := range ids {
+		if r, _ := h.request(id); r.State != kv.RequestFulfilled {
+			t.Fatalf("request %s is %s (%s)\n%s", id, r.State, r.Reason, h.dump())
+		}
+	}
+	if got := h.instancesEverCreated("cloud"); got != 1 {
+		t.Fatalf("%d backing instances for 4 nodes of 3 labels sharing backing label big (4 slots), want 1\n%s", got, h.dump())
+	}
+	h.until(10*time.Second, "four carved nodes ready", func() bool {
+		return h.countNodes(func(n *kv.Node) bool { return n.Provider == "meta" && n.State == kv.NodeReady }) == 4
+	})
+	h.checkCarved()
+	// The fifth node needs a second backing node.
+	id := h.submit(events.RequestMessage{Labels: []string{"small"}, Requestor: "test"})
+	h.waitDone(30*time.Second, id)
+	if got := h.instancesEverCreated("cloud"); got != 2 {
+		t.Errorf("%d backing instances for 5 nodes of 4 slots, want 2\n%s", got, h.dump())
+	}
+	h.checkCarved()
+}

@@ -2,6 +2,7 @@ package metastatic
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -138,5 +139,91 @@ func createReq(id, label string) drivers.CreateRequest {
 	return drivers.CreateRequest{NodeID: id, Provider: "meta", Pool: "main", Label: label, Attempt: 1}
 }
 
-var _ = json.Marshal
-var _ = strings.Contains
+// Records the driver cannot read are dealt with one by one, each with a
+// reason, and never stop the pass: a backing request of ours with bad
+// requestor_data fails (and goes after a while), a node we hold without a
+// valid slot map goes back once no carved node names it, a carved node
+// with bad driver_data neither waits nor resumes.
+func TestPassDealsWithRecordsItCannotRead(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t, testConfig)
+	me := Requestor("meta")
+	ctx := t.Context()
+	held := func(id string, userData string) {
+		e.node(&kv.Node{ID: id, State: kv.NodeInUse, Holder: me, Provider: "cloud", Pool: "main", Labels: []string{"big"}, UserData: json.RawMessage(userData)})
+	}
+	held("neg-slots", `{"owner": "NodePool:metastatic:meta", "slots": -1, "allocations": []}`)
+	held("dup", `{"owner": "NodePool:metastatic:meta", "slots": 2, "allocations": ["x", "x"]}`)
+	held("not-json", `"garbage"`)
+	held("named", `{"owner": "NodePool:metastatic:meta", "slots": 1000000}`)
+	held("other-owner", `{"owner": "someone", "slots": 1, "allocations": [""]}`)
+	e.node(&kv.Node{ID: "carved-on-named", State: kv.NodeInUse, Provider: "meta", Pool: "main", Labels: []string{"small"},
+		DriverData: encodeJSON(CarvedData{Step: StepAllocated, BackingNode: "named", Slot: 0})})
+	e.node(&kv.Node{ID: "bad-carved", State: kv.NodeBuilding, Provider: "meta", Pool: "main", Labels: []string{"small"},
+		DriverData: json.RawMessage(`{"step": "waiting", "slot": -7, "backing_node": "x/y"}`)})
+	e.node(&kv.Node{ID: "bad-step", State: kv.NodeBuilding, Provider: "meta", Pool: "main", Labels: []string{"small"},
+		DriverData: json.RawMessage(`{"step": "exploding"}`)})
+	e.request(&kv.Request{ID: "bad-req", State: kv.RequestPending, Labels: []string{"big"}, Requestor: me,
+		RequestorData: json.RawMessage(`{"provider": "meta", "slots": -1}`)})
+	e.request(&kv.Request{ID: "bad-fulfilled", State: kv.RequestFulfilled, Labels: []string{"big"}, Nodes: []string{"nope"}, Requestor: me,
+		RequestorData: json.RawMessage(`{"provider": "meta", "slots": 3, "nodes": ["a", "b", "c", "d"]}`)})
+	e.request(&kv.Request{ID: "not-ours", State: kv.RequestPending, Labels: []string{"big"}, Requestor: "zuul",
+		RequestorData: json.RawMessage(`{"slots": -1}`)})
+
+	m := e.manager()
+	m.pass(ctx)
+
+	for id, want := range map[string]kv.NodeState{
+		"neg-slots": kv.NodeUsed, "dup": kv.NodeUsed, "not-json": kv.NodeUsed, "other-owner": kv.NodeUsed,
+		"named": kv.NodeInUse, // its carved node still uses it
+	} {
+		if n, _ := e.p.nodes.Get(id); n.Value.State != want {
+			t.Errorf("node %s is %s, want %s", id, n.Value.State, want)
+		}
+	}
+	for id, want := range map[string]string{
+		"bad-req":       "requestor_data is not valid: slots is -1; expected 1 to 10000",
+		"bad-fulfilled": "nodes lists 4 nodes; expected at most one per slot (3)",
+	} {
+		r, _ := e.p.requests.Get(id)
+		if r.Value.State != kv.RequestFailed || !strings.Contains(r.Value.Reason, want) {
+			t.Errorf("request %s = %s (%q); want failed naming %q", id, r.Value.State, r.Value.Reason, want)
+		}
+	}
+	if r, _ := e.p.requests.Get("not-ours"); r.Value.State != kv.RequestPending {
+		t.Errorf("another requestor's request was touched: %s", r.Value.State)
+	}
+	if n := e.published(); n != 0 {
+		t.Errorf("%d backing requests published for carved nodes that do not wait", n)
+	}
+	for id, want := range map[string]string{"bad-carved": "slot is -7", "bad-step": `step is "exploding"`} {
+		n, _ := e.p.nodes.Get(id)
+		if _, err := e.p.Create(createReq(id, "small"), n.Value.DriverData); err == nil || !errors.Is(err, drivers.ErrFatal) || !strings.Contains(err.Error(), want) {
+			t.Errorf("resuming %s: %v; want a fatal error naming %q", id, err, want)
+		}
+	}
+
+	// A failed request that is not valid is deleted after a while.
+	r, _ := e.p.requests.Get("bad-req")
+	m.refuse(ctx, r, errors.New("x"), time.Now().Add(failedRequestKeep+time.Minute))
+	if _, err := e.b.Requests.Get(ctx, "bad-req"); !errors.Is(err, kv.ErrNotFound) {
+		t.Errorf("failed request not deleted after %s: %v", failedRequestKeep, err)
+	}
+}
+
+// A record whose handling panics is logged and left alone until it
+// changes; the others are handled.
+func TestGuardLeavesAPanickingRecordAlone(t *testing.T) {
+	t.Parallel()
+	m := &manager{p: &Provider{log: slog.New(slog.NewTextHandler(io.Discard, nil))}, broken: map[string]uint64{}}
+	runs := 0
+	boom := func() { runs++; panic("bad record") }
+	m.guard("request", "r1", 5, boom)
+	m.guard("request", "r1", 5, boom) // same revision: skipped
+	ok := false
+	m.guard("request", "r2", 5, func() { ok = true })
+	m.guard("request", "r1", 6, boom) // changed: tried again
+	if runs != 2 || !ok {
+		t.Errorf("runs = %d, other record handled = %v; want 2, true", runs, ok)
+	}
+}

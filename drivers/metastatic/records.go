@@ -116,21 +116,24 @@ type CarvedData struct {
 	Slot        int    `json:"slot"`
 }
 
-// Validate checks a carved node's driver_data: a known step and, once
-// allocated, a backing node id and a slot within MaxSlots.
+// Validate checks a carved node's driver_data: a known step, a slot within
+// MaxSlots and, once allocated (only then), a backing node id.
 func (d *CarvedData) Validate() error {
 	var problems []string
 	switch d.Step {
 	case StepWaiting:
+		if d.BackingNode != "" {
+			problems = append(problems, fmt.Sprintf("backing_node is %q while waiting; expected none", truncate(d.BackingNode)))
+		}
 	case StepAllocated:
 		if !events.ValidID(d.BackingNode) {
-			problems = append(problems, fmt.Sprintf("backing_node is %q; expected a node id", d.BackingNode))
-		}
-		if d.Slot < 0 || d.Slot >= MaxSlots {
-			problems = append(problems, fmt.Sprintf("slot is %d; expected 0 to %d", d.Slot, MaxSlots-1))
+			problems = append(problems, fmt.Sprintf("backing_node is %q; expected a node id", truncate(d.BackingNode)))
 		}
 	default:
-		problems = append(problems, fmt.Sprintf("step is %q; expected %q or %q", d.Step, StepWaiting, StepAllocated))
+		problems = append(problems, fmt.Sprintf("step is %q; expected %q or %q", truncate(d.Step), StepWaiting, StepAllocated))
+	}
+	if d.Slot < 0 || d.Slot >= MaxSlots {
+		problems = append(problems, fmt.Sprintf("slot is %d; expected 0 to %d", d.Slot, MaxSlots-1))
 	}
 	return joinProblems(problems)
 }
