@@ -1,7 +1,6 @@
 package consumers
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -30,11 +28,17 @@ var errLost = errors.New("node no longer owned by this launcher")
 // message is acknowledged once the claim is committed. The claim lives as
 // long as this process's heartbeat: when it stops, cleanup hands the node to
 // another process, which resumes the machine from the node's driver_data.
+//
+// A change that takes a node from a machine running here (an operator's
+// delete, a hand-over) stops that machine and is acknowledged only once
+// the node's next owner is recorded; a process that cannot renew its
+// heartbeat in time stops every machine and claims nothing (fencing, see
+// fence.go).
 type lifecycle struct {
 	l *Launcher
 
 	mu       sync.Mutex
-	runs     map[string]context.CancelFunc
+	runs     map[string]*run
 	wg       sync.WaitGroup
 	ctx      context.Context
 	stopRuns context.CancelFunc
@@ -46,13 +50,30 @@ type lifecycle struct {
 	// once instead of waiting for the message to come back.
 	wantedMu sync.Mutex
 	wanted   map[string][]string
+
+	// panicked holds nodes whose machine panicked here, and when
+	// (recover.go); guarded by mu.
+	panicked map[string]time.Time
 }
+
+// run is a machine running for a node.
+type run struct {
+	state  kv.NodeState // the state the machine drives the node from
+	cancel context.CancelFunc
+	// done is closed once the machine returned and the node was looked
+	// at again.
+	done chan struct{}
+}
+
+// machineStopWait is how long a handler waits for a machine it stopped
+// before letting the change come back later.
+const machineStopWait = 5 * time.Second
 
 // maxWanted bounds the list of launches passed over.
 const maxWanted = 10000
 
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]context.CancelFunc{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
 	for _, p := range l.opts.Config.Providers {
 		if p.MaxConcurrency > 0 {
 			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
@@ -69,7 +90,9 @@ func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 		Description:   "node lifecycle: launches and deletes",
 		FilterSubject: "$KV." + kv.BucketNodes + ".>",
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       ackWaitBackoff[0],
+		BackOff:       ackWaitBackoff,
+		MaxDeliver:    lifecycleMaxDeliver,
 		MaxAckPending: 20000,
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 	})
@@ -87,6 +110,11 @@ func (lc *lifecycle) stop() {
 }
 
 func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
+	defer func() {
+		if p := recover(); p != nil {
+			lc.handlerPanicked(msg, p)
+		}
+	}()
 	if op := msg.Headers().Get("KV-Operation"); op != "" {
 		lc.ack(msg) // deleted or purged: nothing left to do
 		return
@@ -103,7 +131,12 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		lc.ack(msg)
 		return
 	}
-	switch err := lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}); {
+	err = lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}, "")
+	if err == nil {
+		lc.ack(msg)
+		return
+	}
+	switch {
 	case errors.Is(err, errFull), errors.Is(err, errNotMine):
 		// This process launches as much as max-concurrency allows, or
 		// does not have the node's provider: let another process take it
@@ -111,21 +144,16 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		if n.State == kv.NodeBuilding {
 			lc.want(n.Provider, key)
 		}
-		delay := time.Duration(min(meta.NumDelivered, 10)) * 100 * time.Millisecond
-		if err := msg.NakWithDelay(delay); err != nil {
-			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
-		}
-		return
-	case err != nil:
-		// The claim was not written (the process is stopping, or the
-		// server did not answer): let this or another process have the
-		// change again.
-		if err := msg.NakWithDelay(time.Second); err != nil {
-			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
-		}
-		return
+	default:
+		// The claim was not written (the process is stopping or fenced,
+		// a machine is still stopping, or the server did not answer):
+		// let this or another process have the change again.
 	}
-	lc.ack(msg)
+	// The delivery bound of the consumer ends a change that can never be
+	// handled; cleanup's revisit sweep brings back a node left so.
+	if err := msg.NakWithDelay(redeliveryDelay(meta.NumDelivered)); err != nil {
+		lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
+	}
 }
 
 func (lc *lifecycle) ack(msg jetstream.Msg) {
@@ -140,21 +168,67 @@ var errFull = errors.New("launch slots full")
 // errNotMine: the node needs work from a launcher that has its provider.
 var errNotMine = errors.New("provider not configured here")
 
+// errQuarantined: the node's machine panicked here a moment ago.
+var errQuarantined = errors.New("the node's machine panicked here lately")
+
+// errMachineStopping: a machine that lost its node has not stopped yet.
+var errMachineStopping = errors.New("a machine of this node is still stopping")
+
+// needsWork reports whether a node in this state needs a launcher's work
+// (a create or a delete) that no live process does.
+func (l *Launcher) needsWork(n *kv.Node) bool {
+	switch n.State {
+	case kv.NodeUsed, kv.NodeFailed, kv.NodeAborted:
+		return true
+	case kv.NodeBuilding, kv.NodeDeleting:
+		return n.Launcher == "" || n.Launcher == l.opts.ID || !l.alive(n.Launcher)
+	}
+	return false
+}
+
 // reconcile starts whatever work a node in this state needs from this
 // process. It returns errFull when the node needs a launch and this process
 // has no launch slot free, errNotMine when this process lacks the node's
 // provider, and another error when a claim it should have written was not
-// (the change must be looked at again).
-func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
+// (the change must be looked at again). orphan, if set, is an instance a
+// create machine of this process made for the node, which the record may
+// not name yet: a delete claimed here records it, so it is deleted too.
+func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
+	// Act on the newest record this process has seen: the change may be
+	// older than what the cache already holds.
+	if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
+		e = cur
+	}
 	n := &e.Value
-	if lc.running(e.Key) {
+	me := lc.l.opts.ID
+	if r := lc.running(e.Key); r != nil {
+		if n.State == r.state && n.Launcher == me {
+			return nil // the machine's own write, or nothing it must know
+		}
+		// The node was taken from the machine (an operator deleted it,
+		// cleanup handed it to another process, the launch ended): stop
+		// the machine before anything else happens to the node, so that
+		// the change is acknowledged only once its next owner is recorded.
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(machineStopWait):
+			return errMachineStopping
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
+			e = cur
+		}
+	}
+	if !lc.l.needsWork(n) {
 		return nil
 	}
-	me := lc.l.opts.ID
-	needsWork := n.State == kv.NodeUsed || n.State == kv.NodeFailed ||
-		((n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && (n.Launcher == "" || n.Launcher == me || !lc.l.alive(n.Launcher)))
-	if !needsWork {
-		return nil
+	if lc.l.fenced() {
+		return errFenced
+	}
+	if lc.quarantined(e.Key) {
+		return errQuarantined
 	}
 	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
 		// Launchers may run different configurations: leave the node to
@@ -168,11 +242,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 		}
 	}()
 	switch n.State {
-	case kv.NodeBuilding, kv.NodeDeleting:
-		if n.Launcher != "" && n.Launcher != me && lc.l.alive(n.Launcher) {
-			return nil
-		}
-		if n.State == kv.NodeBuilding && n.Launcher != me {
+	case kv.NodeBuilding:
+		if n.Launcher != me {
 			// Take a launch slot before claiming, so that a process never
 			// claims more launches than it runs.
 			if !lc.tryAcquire(n.Provider) {
@@ -180,22 +251,23 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 			}
 			slot = true
 		}
-	case kv.NodeUsed, kv.NodeFailed:
-		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok && n.State == kv.NodeUsed {
+	case kv.NodeUsed:
+		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok {
 			return lc.reregister(ctx, e.Key, reg)
 		}
-	default:
-		return nil
 	}
-	state := n.State
+	state, launcher := n.State, n.Launcher
 	claimed, err := lc.l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
-		if cur.State != state || (cur.Launcher != n.Launcher && cur.Launcher != me) {
+		if cur.State != state || (cur.Launcher != launcher && cur.Launcher != me) {
 			return kv.ErrSkip
 		}
 		cur.Launcher = me
-		if cur.State == kv.NodeUsed || cur.State == kv.NodeFailed {
+		if cur.State != kv.NodeBuilding && cur.State != kv.NodeDeleting {
 			cur.SetState(kv.NodeDeleting, time.Now().UTC())
 			cur.DriverData = nil
+		}
+		if orphan != "" && cur.State == kv.NodeDeleting && cur.ExternalID == "" {
+			cur.ExternalID, cur.DriverData = orphan, nil
 		}
 		return nil
 	})
@@ -245,11 +317,11 @@ func (lc *lifecycle) tryAcquire(provider string) bool {
 	}
 }
 
-func (lc *lifecycle) running(id string) bool {
+// running returns the machine running for a node, if any.
+func (lc *lifecycle) running(id string) *run {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	_, ok := lc.runs[id]
-	return ok
+	return lc.runs[id]
 }
 
 // launch starts the machine a claimed node needs, unless one runs already.
@@ -258,15 +330,17 @@ func (lc *lifecycle) running(id string) bool {
 func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil {
+	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil || lc.l.fenced() {
 		if slot {
 			lc.release(e.Value.Provider)
 		}
 		return
 	}
 	ctx, cancel := context.WithCancel(lc.ctx)
-	lc.runs[e.Key] = cancel
+	r := &run{state: e.Value.State, cancel: cancel, done: make(chan struct{})}
+	lc.runs[e.Key] = r
 	lc.wg.Go(func() {
+		orphan := ""
 		defer func() {
 			lc.mu.Lock()
 			delete(lc.runs, e.Key)
@@ -274,9 +348,18 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 			cancel()
 			// Changes that arrived while the machine ran were passed
 			// over; look at the node once more (a launch that failed
-			// leaves it failed, to be deleted).
+			// leaves it failed, to be deleted; a node deleted under its
+			// create is claimed here, with the instance the create made).
 			if cur, ok := lc.l.nodes.Get(e.Key); ok && lc.ctx.Err() == nil {
-				lc.reconcile(lc.ctx, cur)
+				if err := lc.reconcile(lc.ctx, cur, orphan); err != nil {
+					lc.l.log.Debug("node left for the change to come back", "node", e.Key, "err", err)
+				}
+			}
+			close(r.done)
+		}()
+		defer func() {
+			if p := recover(); p != nil {
+				lc.machinePanicked(e, p)
 			}
 		}()
 		switch e.Value.State {
@@ -287,7 +370,7 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 				return
 			}
 			defer lc.release(e.Value.Provider)
-			lc.runCreate(ctx, e)
+			orphan = lc.runCreate(ctx, e)
 		case kv.NodeDeleting:
 			lc.runDelete(ctx, e)
 		}
@@ -339,7 +422,7 @@ func (lc *lifecycle) takeWanted(provider string) {
 		if !ok || e.Value.State != kv.NodeBuilding || (e.Value.Launcher != "" && lc.l.alive(e.Value.Launcher)) {
 			continue // gone, or launched by another process meanwhile
 		}
-		if lc.reconcile(lc.ctx, e) == errFull {
+		if lc.reconcile(lc.ctx, e, "") == errFull {
 			lc.wantedMu.Lock()
 			lc.wanted[provider] = append([]string{id}, lc.wanted[provider]...)
 			lc.wantedMu.Unlock()
@@ -359,7 +442,52 @@ func (lc *lifecycle) resumeOwn(ctx context.Context) {
 		return true
 	})
 	for _, e := range own {
-		lc.reconcile(ctx, e)
+		if err := lc.reconcile(ctx, e, ""); err != nil {
+			lc.l.log.Debug("could not resume node; its change or cleanup brings it back", "node", e.Key, "err", err)
+		}
+	}
+}
+
+// watchOwn resumes, every sync interval, the nodes that name this process
+// as their launcher but have no machine running here, once seen so at one
+// revision twice in a row (a follow-up that could not be written, a
+// machine that ended without leaving the node).
+func (lc *lifecycle) watchOwn(ctx context.Context) {
+	stalled := map[string]sighting{}
+	for wait.Sleep(ctx, lc.l.opts.SyncInterval) {
+		if lc.l.fenced() {
+			continue
+		}
+		var due []kv.Entry[kv.Node]
+		seen := map[string]bool{}
+		lc.l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			n := &e.Value
+			if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) || lc.running(e.Key) != nil {
+				return true
+			}
+			seen[e.Key] = true
+			s := stalled[e.Key]
+			if s.rev != e.Revision {
+				s = sighting{rev: e.Revision}
+			}
+			s.n++
+			stalled[e.Key] = s
+			if s.n >= 2 {
+				due = append(due, *e)
+			}
+			return true
+		})
+		for id := range stalled {
+			if !seen[id] {
+				delete(stalled, id)
+			}
+		}
+		for _, e := range due {
+			lc.l.log.Info("resuming a node of this process that had no machine", "node", e.Key, "state", e.Value.State)
+			if err := lc.reconcile(ctx, e, ""); err != nil {
+				lc.l.log.Debug("could not resume node", "node", e.Key, "err", err)
+			}
+		}
 	}
 }
 
@@ -411,314 +539,6 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 		lc.l.log.Warn("could not update node; retrying", "node", id, "err", err)
 		if !wait.Sleep(ctx, wait.Backoff(failures)) {
 			return e, ctx.Err()
-		}
-	}
-}
-
-func createRequest(n *kv.Node) drivers.CreateRequest {
-	label := ""
-	if len(n.Labels) > 0 {
-		label = n.Labels[0]
-	}
-	return drivers.CreateRequest{
-		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1),
-		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
-	}
-}
-
-// runCreate advances a node's create machine to ready, retrying failed
-// attempts (each failed instance deleted first) up to launch-retries.
-func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
-	l := lc.l
-	id := e.Key
-	n := e.Value
-	prov, _ := l.opts.Config.Provider(n.Provider)
-	drv := l.opts.Providers[n.Provider]
-	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
-	if n.Attempt == 0 {
-		n.Attempt = 1
-	}
-	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
-	if err != nil {
-		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
-		return
-	}
-	// A driver whose creates are idempotent resumes from scratch: its
-	// progress need not be recorded step by step.
-	_, idempotent := drivers.As[drivers.Idempotent](drv)
-	attemptStart := time.Now()
-	saved := n.DriverData
-	savedAttempt := e.Value.Attempt
-	waits := 0
-	for ctx.Err() == nil {
-		var attemptErr error
-		step, err := sm.Advance(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil && (errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)):
-			// Not a failed attempt: wait for room and try the step again,
-			// saying why on the node (once per wait).
-			log.Info("cloud asks to wait", "err", err)
-			l.metrics.CloudWaits.Add(1)
-			if waits == 0 {
-				why := "waiting: " + err.Error()
-				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
-					lc.lostDuringCreate(ctx, id, drv, sm, uerr)
-					return
-				}
-			}
-			if !wait.Sleep(ctx, wait.Backoff(waits)) {
-				return
-			}
-			waits++
-			continue
-		case err != nil:
-			attemptErr = err
-		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
-			attemptErr = fmt.Errorf("not ready within boot-timeout %s", prov.BootTimeout.D())
-		}
-		waits = 0
-		if attemptErr != nil {
-			l.metrics.LaunchAttemptsFailed.Add(1)
-			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
-			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
-				return
-			}
-			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
-				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
-				return
-			}
-			next := n.Attempt + 1
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
-			})
-			if err != nil {
-				return
-			}
-			n = ne.Value
-			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
-				lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
-				return
-			}
-			saved, savedAttempt, attemptStart = nil, n.Attempt, time.Now()
-			continue
-		}
-		if step.Done {
-			inst := step.Instance
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				fillFromInstance(x, inst, prov)
-				x.DriverData = sm.State()
-				x.Attempt = n.Attempt
-				x.Reason = ""
-				x.SetState(kv.NodeReady, time.Now().UTC())
-			})
-			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
-				return
-			}
-			l.metrics.NodesLaunched.Add(1)
-			log.Debug("node ready", "external_id", ne.Value.ExternalID)
-			return
-		}
-		if st := sm.State(); n.Attempt != savedAttempt || (!idempotent && !bytes.Equal(st, saved)) {
-			ext := sm.ExternalID()
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
-			})
-			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
-				return
-			}
-			n = ne.Value
-			saved, savedAttempt = st, n.Attempt
-		}
-		// Wait as the machine asks, but wake for the boot-timeout.
-		untilTimeout := prov.BootTimeout.D() - time.Since(attemptStart) + time.Millisecond
-		if !wait.Sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
-			return
-		}
-	}
-}
-
-// lostDuringCreate runs when a node changed under a running create (deleted
-// by an operator, handed to another launcher): an instance this process
-// created and that the node does not record is deleted here, as nobody else
-// knows it.
-func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, err error) {
-	if !errors.Is(err, errLost) {
-		return // ctx ended; the node stays ours and is resumed or handed over
-	}
-	ext := sm.ExternalID()
-	if ext == "" {
-		return
-	}
-	if cur, gerr := lc.l.b.Nodes.Get(ctx, id); gerr == nil && cur.Value.ExternalID == ext {
-		return // whoever has the node now knows the instance
-	}
-	lc.deleteInstance(ctx, drv, ext, nil)
-}
-
-// failLaunch marks a node failed after its last attempt, and fails the
-// request it was launched for, with the reason.
-func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
-	l := lc.l
-	reason := fmt.Sprintf("node %s (%s in %s): %v", n.ID, strings.Join(n.Labels, ","), kv.PoolRef(n.Provider, n.Pool), cause)
-	if n.AllocatedTo != "" {
-		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {
-			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
-				return kv.ErrSkip
-			}
-			r.SetState(kv.RequestFailed, time.Now().UTC())
-			r.Reason = reason
-			return nil
-		})
-		if err == nil {
-			l.metrics.RequestsFailed.Add(1)
-		}
-	}
-	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
-		x.SetState(kv.NodeFailed, time.Now().UTC())
-		x.Reason = reason
-		x.ExternalID = ""
-		x.DriverData = nil
-	})
-	if err != nil {
-		l.log.Debug("could not mark node failed", "node", n.ID, "err", err)
-	}
-	l.metrics.LaunchesFailed.Add(1)
-	l.log.Warn("launch failed", "node", n.ID, "reason", reason)
-}
-
-func containsID(ids []string, id string) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
-
-func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider) {
-	n.ExternalID = inst.ExternalID
-	if inst.Name != "" {
-		n.Hostname = inst.Name
-	}
-	n.Cloud = prov.Cloud
-	n.Region, n.AZ = inst.Region, inst.AZ
-	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
-	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
-	if inst.HostKeys != nil {
-		n.HostKeys = inst.HostKeys
-	}
-	if inst.ImageID != "" {
-		n.ImageID = inst.ImageID
-	}
-}
-
-// deleteInstance runs a delete machine to completion, retrying with
-// backoff. It reports false if ctx ended first. progress, if set, records
-// the machine's state after each step.
-func (lc *lifecycle) deleteInstance(ctx context.Context, drv drivers.Provider, externalID string, progress func(drivers.StateMachine) error) bool {
-	if externalID == "" {
-		return true
-	}
-	sm, err := drv.Delete(externalID, nil)
-	if err != nil {
-		lc.l.log.Error("cannot start the delete machine", "external_id", externalID, "err", err)
-		return false
-	}
-	return lc.advanceDelete(ctx, sm, progress)
-}
-
-func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine, progress func(drivers.StateMachine) error) bool {
-	var saved []byte
-	for failures := 0; ctx.Err() == nil; {
-		step, err := sm.Advance(ctx)
-		if ctx.Err() != nil {
-			return false
-		}
-		if err != nil {
-			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
-			if !wait.Sleep(ctx, wait.Backoff(failures)) {
-				return false
-			}
-			failures++
-			continue
-		}
-		failures = 0
-		if step.Done {
-			return true
-		}
-		if st := sm.State(); progress != nil && !bytes.Equal(st, saved) {
-			if err := progress(sm); err != nil {
-				return false
-			}
-			saved = st
-		}
-		if !wait.Sleep(ctx, min(step.Wait, 2*time.Second)) {
-			return false
-		}
-	}
-	return false
-}
-
-// runDelete deletes a node's instance and then its record.
-func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
-	l := lc.l
-	id := e.Key
-	n := e.Value
-	drv := l.opts.Providers[n.Provider]
-	if n.ExternalID != "" {
-		sm, err := drv.Delete(n.ExternalID, n.DriverData)
-		if err != nil {
-			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
-			if sm, err = drv.Delete(n.ExternalID, nil); err != nil {
-				l.log.Error("cannot start the delete machine", "node", id, "err", err)
-				return
-			}
-		}
-		ok := lc.advanceDelete(ctx, sm, func(sm drivers.StateMachine) error {
-			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
-			return err
-		})
-		if !ok {
-			return
-		}
-	}
-	for ctx.Err() == nil {
-		cur, ok := l.nodes.Get(id)
-		if !ok {
-			fresh, err := l.b.Nodes.Get(ctx, id)
-			if errors.Is(err, kv.ErrNotFound) {
-				return
-			}
-			if err != nil {
-				if !wait.Sleep(ctx, time.Second) {
-					return
-				}
-				continue
-			}
-			cur = fresh
-		}
-		if cur.Value.State != kv.NodeDeleting || cur.Value.Launcher != l.opts.ID {
-			return
-		}
-		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
-		if err == nil || errors.Is(err, kv.ErrNotFound) {
-			l.metrics.NodesDeleted.Add(1)
-			return
-		}
-		if errors.Is(err, kv.ErrConflict) {
-			fresh, gerr := l.b.Nodes.Get(ctx, id)
-			if gerr == nil {
-				l.nodes.Apply(fresh)
-			}
-			continue
-		}
-		l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
-		if !wait.Sleep(ctx, time.Second) {
-			return
 		}
 	}
 }

@@ -1,11 +1,15 @@
 package consumers
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -18,25 +22,29 @@ func nodeSize(n *kv.Node) kv.Resources {
 	return r
 }
 
-// orUnlimited turns a zero limit into no limit.
-func orUnlimited(v int) int {
-	if v <= 0 {
+// limit turns a configured limit into one the scheduler counts with:
+// config.Unlimited (the key was not written) is no limit, and a limit
+// below zero is zero (as in Nodepool, where max-servers below 0 disables
+// a pool).
+func limit(v int) int {
+	switch {
+	case v == config.Unlimited:
 		return drivers.Unlimited
+	case v < 0:
+		return 0
 	}
 	return v
 }
 
 // poolLimits are the pool's own limits.
 func poolLimits(p *config.Pool) kv.Resources {
-	servers := p.MaxServers
-	if servers == config.Unlimited {
-		servers = drivers.Unlimited
-	}
-	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM)}
+	return kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
 }
 
+// tenantLimits are a tenant's limits (resources other than servers, cores
+// and RAM are not counted by the drivers of this build).
 func tenantLimits(tl config.TenantLimit) kv.Resources {
-	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM)}
+	return kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM)}
 }
 
 // exceeds reports the first dimension in which need is more than limit.
@@ -132,4 +140,51 @@ func describeNeed(r kv.Resources) string {
 		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// cloudQuota is the provider's quota as the cloud last reported it, and
+// what instances that are not this provider's hold.
+type cloudQuota struct {
+	limits kv.Resources
+	others kv.Resources
+}
+
+// readCloudQuota reads a provider's quota and what instances that are
+// not this provider's hold.
+func readCloudQuota(ctx context.Context, drv drivers.Provider, provider string) (cloudQuota, error) {
+	limits, err := drv.QuotaLimits(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("reading quota: %w", err)
+	}
+	insts, err := drv.ListInstances(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("listing instances: %w", err)
+	}
+	var others kv.Resources
+	for _, inst := range insts {
+		if inst.Tags[drivers.TagProvider] != provider {
+			r := inst.Resources
+			r.Instances = max(r.Instances, 1)
+			others = others.Add(r)
+		}
+	}
+	return cloudQuota{limits: limits, others: others}, nil
+}
+
+// watchCloudQuota reads a provider's quota every interval until ctx ends.
+func watchCloudQuota(ctx context.Context, drv drivers.Provider, provider string, interval time.Duration, log *slog.Logger, out chan<- cloudQuota) {
+	for wait.Sleep(ctx, interval) {
+		q, err := readCloudQuota(ctx, drv, provider)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("could not read the cloud's quota", "err", err)
+			}
+			continue
+		}
+		select {
+		case out <- q:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
