@@ -162,8 +162,8 @@ providers:
 	id := NodeID("rack", "main", h, 0)
 	now := time.Now().UTC()
 	bad := []string{
-		fmt.Sprintf(`{"host": %q, "slot": 0, "spec": %q, "failures": -100}`, host, spec(h)),
-		fmt.Sprintf(`{"host": %q, "slot": -3, "spec": %q}`, host, spec(h)),
+		fmt.Sprintf(`{"host": %q, "slot": 0, "spec": %q, "failures": -100}`, host, spec(h, map[string]string(pc.Pools[0].NodeAttributes))),
+		fmt.Sprintf(`{"host": %q, "slot": -3, "spec": %q}`, host, spec(h, map[string]string(pc.Pools[0].NodeAttributes))),
 		`{"host": 7}`,
 	}
 	for i, data := range bad {
