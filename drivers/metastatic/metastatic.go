@@ -378,6 +378,19 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		return drivers.Step{Wait: pollInterval}, nil
 	}
 	inst := instanceOf(&bn.Value, m.req.NodeID, m.req.Hostname, m.req.Tags)
+	if lc.ChecksHostKey() {
+		keys, err := p.checkConnection(ctx, &bn.Value)
+		if err != nil {
+			if ctx.Err() != nil {
+				return drivers.Step{}, ctx.Err()
+			}
+			// The attempt fails (its slot is freed) and the next one
+			// goes to another backing node.
+			p.failBacking(ctx, bid, err)
+			return drivers.Step{}, fmt.Errorf("backing node %s failed the host-key check: %w", bid, err)
+		}
+		inst.HostKeys = keys
+	}
 	return drivers.Step{Done: true, Instance: &inst}, nil
 }
 
