@@ -5,10 +5,13 @@
 // Nothing lives only in memory. A backing node that is ours is in-use, held
 // by that requestor, and its user_data holds its slot map (which carved node
 // has which slot); a slot is given or freed only by a revision-checked update
-// of that record, so two processes can never give one slot twice. Each
-// carved node names its backing node and slot in driver_data. A backing
-// request names in requestor_data the carved nodes waiting for it. After a
-// restart, or in another process, all of it is read back from the records.
+// of that record, so two processes can never give one slot twice. Every
+// label of the provider with the backing node's label as backing-label
+// shares it. Each carved node names its backing node and slot in
+// driver_data. A backing request names in requestor_data the carved nodes
+// waiting for it. After a restart, or in another process, all of it is read
+// back from the records, and checked (records.go): a record the driver did
+// not write is refused with a reason, never trusted.
 package metastatic
 
 import (
