@@ -191,6 +191,7 @@ type Provider struct {
 	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake,openstack,aws"`
 
 	FakeProvider `yaml:",inline"`
+	AWSProvider  `yaml:",inline"`
 
 	// set holds the keys written in the file.
 	set map[string]bool
@@ -215,6 +216,7 @@ type Pool struct {
 
 	StaticPool     `yaml:",inline"`
 	MetastaticPool `yaml:",inline"`
+	AWSPool        `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -234,6 +236,8 @@ type PoolLabel struct {
 
 	// A metastatic label's backing nodes (see metastatic.go).
 	MetastaticLabel `yaml:",inline"`
+	// An aws label's keys (see aws.go).
+	AWSLabel `yaml:",inline"`
 
 	set map[string]bool
 }
