@@ -74,7 +74,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	pf.StringVar(&a.flags.LogFormat, "log-format", "", "text or json [NODEPOOL_LOG_FORMAT] (default text)")
 
 	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(),
-		a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.benchCmd())
+		a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.benchCmd(), a.devCloudCmd())
 	root.AddCommand(a.imageCmds()...)
 	return root
 }
