@@ -2,8 +2,8 @@ package openstack
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"regexp"
