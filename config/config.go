@@ -17,7 +17,11 @@ import (
 )
 
 // Drivers lists the provider drivers this build knows.
-var Drivers = []string{"fake", "static", "metastatic"}
+var Drivers = []string{"openstack", "fake", "static", "metastatic"}
+
+// DefaultDriver is the driver of a provider that names none, as in
+// Nodepool.
+const DefaultDriver = "openstack"
 
 // Defaults applied to keys left out of nodepool.yaml.
 const (
@@ -69,19 +73,24 @@ type TenantLimit struct {
 // Provider is an entry of `providers`. Keys tagged with `drivers` exist only
 // for those drivers.
 type Provider struct {
-	Name           string   `yaml:"name" required:"true"`
-	Driver         string   `yaml:"driver" required:"true"`
+	Name string `yaml:"name" required:"true"`
+	// Driver is left out for openstack, as in Nodepool.
+	Driver         string   `yaml:"driver"`
 	LaunchRetries  int      `yaml:"launch-retries"`
 	BootTimeout    Duration `yaml:"boot-timeout"`
 	LaunchTimeout  Duration `yaml:"launch-timeout"`
 	MaxConcurrency int      `yaml:"max-concurrency"`
-	// Rate is the most API calls per second to the provider, all
-	// launcher processes together (0: no limit).
+	// Rate paces the provider's API calls, all launcher processes
+	// together (0: no limit): calls per second, except for openstack,
+	// where it is seconds between calls (see CallsPerSecond).
 	Rate  float64 `yaml:"rate"`
 	Pools []Pool  `yaml:"pools"`
 
+	// Cloud names the cloud: an entry of clouds.yaml for openstack, the
+	// simulated cloud for fake.
+	Cloud string `yaml:"cloud" drivers:"fake,openstack"`
+
 	// The fake driver's simulated cloud.
-	Cloud       string   `yaml:"cloud" drivers:"fake"`
 	BootDelay   Duration `yaml:"boot-delay" drivers:"fake"`
 	DeleteDelay Duration `yaml:"delete-delay" drivers:"fake"`
 	APIDelay    Duration `yaml:"api-delay" drivers:"fake"`
@@ -93,12 +102,15 @@ type Provider struct {
 	Flavors      []FakeFlavor `yaml:"flavors" drivers:"fake"`
 
 	// Images uploaded to this provider (drivers with images only).
-	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake"`
+	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake,openstack"`
 	// The fake cloud's image service: the format it takes, how long an
 	// upload takes, the share of uploads that fail.
 	ImageFormat       string   `yaml:"image-format" drivers:"fake"`
 	UploadDelay       Duration `yaml:"upload-delay" drivers:"fake"`
 	UploadFailureRate float64  `yaml:"upload-failure-rate" drivers:"fake"`
+
+	// The openstack driver's keys (openstack.go).
+	OpenStackProvider `yaml:",inline"`
 }
 
 // CloudQuota is a simulated cloud's limits; zero means unlimited.
@@ -128,6 +140,9 @@ type Pool struct {
 	// them (see drivers.go).
 	Nodes []StaticNode `yaml:"nodes" drivers:"static"`
 
+	// The openstack driver's pool keys (openstack.go).
+	OpenStackPool `yaml:",inline"`
+
 	// maxServersSet tells an explicit `max-servers: 0` from an absent key.
 	maxServersSet bool
 }
@@ -136,10 +151,13 @@ type Pool struct {
 // how. A plain string is accepted as shorthand for `{name: ...}`.
 type PoolLabel struct {
 	Name       string `yaml:"name" required:"true"`
-	FlavorName string `yaml:"flavor-name" drivers:"fake"`
-	CloudImage string `yaml:"cloud-image" drivers:"fake"`
+	FlavorName string `yaml:"flavor-name" drivers:"fake,openstack"`
+	CloudImage string `yaml:"cloud-image" drivers:"fake,openstack"`
 	// Diskimage names an image of the provider's diskimages to boot from.
-	Diskimage string `yaml:"diskimage" drivers:"fake"`
+	Diskimage string `yaml:"diskimage" drivers:"fake,openstack"`
+
+	// An openstack label's keys (openstack.go).
+	OpenStackLabel `yaml:",inline"`
 
 	// A metastatic label's backing nodes (see drivers.go).
 	MetastaticLabel `yaml:",inline"`
@@ -149,11 +167,16 @@ type PoolLabel struct {
 const Unlimited = int(^uint(0) >> 1)
 
 func (p *Provider) decodeYAML(d *decoder, path string, n *yaml.Node) {
-	if dn := mappingValue(n, "driver"); dn != nil && dn.Kind == yaml.ScalarNode {
+	d.driver = DefaultDriver
+	if dn := mappingValue(n, "driver"); dn != nil && dn.Kind == yaml.ScalarNode && !isNull(dn) {
 		d.driver = dn.Value
 	}
 	defer func() { d.driver = "" }()
 	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(p).Elem()})
+	if p.Driver == "" {
+		p.Driver = DefaultDriver
+	}
+	p.OpenStackProvider.noteSet(n)
 	if p.Driver != "" && !slices.Contains(Drivers, p.Driver) {
 		d.fail(joinPath(path, "driver"), mappingValue(n, "driver"), "unknown driver %q; expected one of: %s", p.Driver, strings.Join(Drivers, ", "))
 	}
@@ -247,6 +270,9 @@ func (c *Config) applyDefaults() {
 		if p.Driver == "fake" && p.Cloud == "" {
 			p.Cloud = p.Name
 		}
+		if p.Driver == "openstack" {
+			p.applyOpenStackDefaults()
+		}
 		for j := range p.Pools {
 			pool := &p.Pools[j]
 			if !pool.maxServersSet {
@@ -306,7 +332,11 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 			d.fail(path+".max-concurrency", at("max-concurrency"), "expected 0 (unlimited) or more, got %d", p.MaxConcurrency)
 		}
 		if p.Rate < 0 {
-			d.fail(path+".rate", at("rate"), "expected 0 (no limit) or more calls per second, got %g", p.Rate)
+			unit := "calls per second"
+			if p.Driver == "openstack" {
+				unit = "seconds between API calls"
+			}
+			d.fail(path+".rate", at("rate"), "expected 0 (no limit) or more %s, got %g", unit, p.Rate)
 		}
 		if p.APIRateLimit < 0 {
 			d.fail(path+".api-rate-limit", at("api-rate-limit"), "expected 0 (no limit) or more calls per second, got %g", p.APIRateLimit)
@@ -358,13 +388,16 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 				}
 				seen[pl.Name] = true
 				provided[pl.Name] = true
-				if pl.FlavorName != "" && !flavors[pl.FlavorName] {
+				if p.Driver == "fake" && pl.FlavorName != "" && !flavors[pl.FlavorName] {
 					d.fail(lpath+".flavor-name", pat("labels", k, "flavor-name"), "flavor %q is not defined in this provider's flavors", pl.FlavorName)
 				}
 			}
 			if p.Driver == "static" {
 				c.validateStaticPool(d, ppath, pat, &pool, labels, provided, staticHosts)
 			}
+		}
+		if p.Driver == "openstack" {
+			c.validateOpenStack(d, i, at)
 		}
 	}
 	c.validateMetastatic(d, line)

@@ -69,6 +69,9 @@ type ProviderDiskimage struct {
 	Name string `yaml:"name" required:"true"`
 	// Pause stops uploads of the image to this provider.
 	Pause bool `yaml:"pause"`
+
+	// The keys an openstack provider adds (openstack.go).
+	OpenStackDiskimage `yaml:",inline"`
 }
 
 func (di *Diskimage) decodeYAML(d *decoder, path string, n *yaml.Node) {

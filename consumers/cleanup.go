@@ -69,6 +69,11 @@ func (c *cleanup) run(ctx context.Context) {
 		c.requests(ctx)
 		for name, drv := range c.l.opts.Providers {
 			c.leaks(ctx, &wg, name, drv)
+			if sw, ok := drivers.As[drivers.Sweeper](drv); ok {
+				if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
+					c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
+				}
+			}
 		}
 		if time.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)

@@ -100,10 +100,14 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	limiters := map[string]*rate.Limiter{}
 	for name, p := range opts.Providers {
 		providers[name] = p
-		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
-			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
+		if pc, ok := opts.Config.Provider(name); ok && pc.CallsPerSecond() > 0 {
+			lim := rate.NewLimiter(rate.Limit(pc.CallsPerSecond()), 1)
 			limiters[name] = lim
-			providers[name] = drivers.RateLimited(p, lim)
+			if paced, ok := drivers.As[drivers.Paced](p); ok {
+				paced.Pace(lim)
+			} else {
+				providers[name] = drivers.RateLimited(p, lim)
+			}
 		}
 	}
 	opts.Providers = providers
@@ -323,7 +327,7 @@ func (l *Launcher) shareRates(ctx context.Context) {
 				}
 				return true
 			})
-			share := rate.Limit(pc.Rate / float64(max(n, 1)))
+			share := rate.Limit(pc.CallsPerSecond() / float64(max(n, 1)))
 			if lim.Limit() != share {
 				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
 				lim.SetLimit(share)

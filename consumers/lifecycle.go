@@ -421,7 +421,7 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 		label = n.Labels[0]
 	}
 	return drivers.CreateRequest{
-		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1),
+		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1), AZ: n.AZ,
 		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
 	}
 }
@@ -468,7 +468,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 					return
 				}
 			}
-			if !wait.Sleep(ctx, wait.Backoff(waits)) {
+			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
 				return
 			}
 			waits++
@@ -481,6 +481,11 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		waits = 0
 		if attemptErr != nil {
 			l.metrics.LaunchAttemptsFailed.Add(1)
+			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
+				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
+					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
+				}
+			}
 			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
 			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
 				return
@@ -608,6 +613,12 @@ func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider)
 	n.Region, n.AZ = inst.Region, inst.AZ
 	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
 	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
+	if inst.PythonPath != "" {
+		n.PythonPath = inst.PythonPath
+	}
+	if inst.ShellType != "" {
+		n.ShellType = inst.ShellType
+	}
 	if inst.HostKeys != nil {
 		n.HostKeys = inst.HostKeys
 	}

@@ -32,12 +32,18 @@ func poolLimits(p *config.Pool) kv.Resources {
 	if servers == config.Unlimited {
 		servers = drivers.Unlimited
 	}
-	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM)}
+	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM),
+		Volumes: orUnlimited(p.MaxVolumes), VolumeGB: orUnlimited(p.MaxVolumeGB)}
 }
 
 func tenantLimits(tl config.TenantLimit) kv.Resources {
-	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM)}
+	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM),
+		Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
 }
+
+// unlimited is a quota that is never reached.
+var unlimited = kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited,
+	Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
 
 // exceeds reports the first dimension in which need is more than limit.
 func exceeds(need, limit kv.Resources) (string, bool) {
@@ -48,6 +54,10 @@ func exceeds(need, limit kv.Resources) (string, bool) {
 		return fmt.Sprintf("%d cores, limit %d", need.Cores, limit.Cores), true
 	case need.RAM > limit.RAM:
 		return fmt.Sprintf("%d MB of RAM, limit %d", need.RAM, limit.RAM), true
+	case need.Volumes > 0 && need.Volumes > limit.Volumes:
+		return fmt.Sprintf("%d volumes, limit %d", need.Volumes, limit.Volumes), true
+	case need.VolumeGB > 0 && need.VolumeGB > limit.VolumeGB:
+		return fmt.Sprintf("%d GB of volumes, limit %d", need.VolumeGB, limit.VolumeGB), true
 	}
 	return "", false
 }
@@ -130,6 +140,9 @@ func describeNeed(r kv.Resources) string {
 	}
 	if r.RAM > 0 {
 		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
+	}
+	if r.Volumes > 0 {
+		parts = append(parts, fmt.Sprintf("%d volumes of %d GB", r.Volumes, r.VolumeGB))
 	}
 	return strings.Join(parts, ", ")
 }

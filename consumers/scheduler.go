@@ -35,8 +35,10 @@ type scheduler struct {
 	// never created here; every request is served from them.
 	registered bool
 
-	// sizes is what one node of each label costs against quota.
-	sizes map[string]kv.Resources
+	// sizes is what one node of each label costs against quota; unsized
+	// are the labels whose size the driver could not tell yet.
+	sizes   map[string]kv.Resources
+	unsized map[string]bool
 
 	// State of one term as leader.
 	// The records as this scheduler has seen them, kept from the change
@@ -90,12 +92,8 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
-		size, err := l.opts.Providers[prov.Name].QuotaForLabel(pool.Name, pl.Name)
-		if err != nil || size.Instances == 0 {
-			size.Instances = 1
-		}
-		s.sizes[pl.Name] = size
 	}
+	s.readSizes()
 	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])
 	s.log = l.log.With("pool", s.ref)
 	return s
@@ -119,7 +117,7 @@ func (s *scheduler) run(ctx context.Context) {
 
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.
-	s.cloud = cloudQuota{limits: kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}}
+	s.cloud = cloudQuota{limits: unlimited}
 	if q, err := s.readCloudQuota(ctx); err == nil {
 		s.cloud = q
 	} else if ctx.Err() == nil {
@@ -199,6 +197,10 @@ func (s *scheduler) indexRequest(ch kv.Change[kv.Request]) {
 // readCloudQuota reads the provider's quota and what instances that are
 // not this provider's hold.
 func (s *scheduler) readCloudQuota(ctx context.Context) (cloudQuota, error) {
+	if s.pool.IgnoreProviderQuota {
+		// Only the pool's own limits count (ignore-provider-quota).
+		return cloudQuota{limits: unlimited}, nil
+	}
 	drv := s.l.opts.Providers[s.prov.Name]
 	limits, err := drv.QuotaLimits(ctx)
 	if err != nil {
@@ -280,8 +282,33 @@ func (s *scheduler) indexNode(ch kv.Change[kv.Node]) {
 	}
 }
 
+// readSizes asks the driver what a node of each label costs, for the
+// labels it could not tell yet (a cloud driver learns its flavors from the
+// cloud; until then a node counts as one instance).
+func (s *scheduler) readSizes() {
+	if s.unsized == nil {
+		s.unsized = map[string]bool{}
+		for l := range s.labels {
+			s.unsized[l] = true
+		}
+	}
+	for label := range s.unsized {
+		size, err := s.l.opts.Providers[s.prov.Name].QuotaForLabel(s.pool.Name, label)
+		if err == nil {
+			delete(s.unsized, label)
+		}
+		if err != nil || size.Instances == 0 {
+			size.Instances = 1
+		}
+		s.sizes[label] = size
+	}
+}
+
 // sweep marks everything for a look, as a safety net under the indexes.
 func (s *scheduler) sweep() {
+	if len(s.unsized) > 0 {
+		s.readSizes()
+	}
 	for id := range s.pending {
 		s.dirty[id] = true
 	}

@@ -59,6 +59,8 @@ type Instance struct {
 	PrivateIPv4    string
 	PublicIPv6     string
 	Username       string
+	PythonPath     string
+	ShellType      string
 	ConnectionType string
 	ConnectionPort int
 	HostKeys       []string
@@ -84,6 +86,24 @@ type CreateRequest struct {
 	// ImageID is the provider's id of the uploaded diskimage to boot from,
 	// for labels with a diskimage ("" otherwise).
 	ImageID string
+	// AZ is the availability zone the node record asks for ("": the
+	// driver chooses).
+	AZ string
+	// Request is the request the node was launched for, when it is known.
+	Request *RequestInfo
+}
+
+// RequestInfo is what a driver may know of the request a node is launched
+// for (OpenStack's dynamic-instance-properties use it).
+type RequestInfo struct {
+	ID               string
+	Labels           []string
+	Requestor        string
+	RequestorData    map[string]string
+	RelativePriority int
+	EventID          string
+	Created          time.Time
+	Tenant           string
 }
 
 // Step is the outcome of one Advance of a state machine.
@@ -132,6 +152,32 @@ type Provider interface {
 	QuotaForLabel(pool, label string) (Resources, error)
 	// Close releases what the provider holds.
 	Close()
+}
+
+// Diagnoser is implemented by drivers that can say more about a launch
+// attempt that failed (the console log of an instance that did not come
+// up); the launcher adds what Diagnose returns to the node's reason before
+// the instance is deleted. It returns "" when it has nothing to add.
+type Diagnoser interface {
+	Diagnose(ctx context.Context, req CreateRequest, externalID string) string
+}
+
+// Sweeper is implemented by drivers whose instances leave other things
+// behind in the cloud (floating IPs, ports, volumes). The cleanup leader
+// calls Sweep every sweep; known reports whether a node record exists, so
+// that what is tagged with a node that has none can be deleted.
+type Sweeper interface {
+	Sweep(ctx context.Context, known func(nodeID string) bool) error
+}
+
+// RetryAfter is how long a failure asks to wait before trying again (a
+// rate-limited cloud's Retry-After), or 0 if it does not say.
+func RetryAfter(err error) time.Duration {
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(err, &ra) {
+		return ra.RetryAfter()
+	}
+	return 0
 }
 
 // Registrar is implemented by drivers whose nodes are existing machines that
