@@ -25,6 +25,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
+	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -121,6 +122,8 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 			p, err = static.New(ctx, js, pc, log)
 		case "metastatic":
 			p, err = metastatic.New(ctx, js, pc, log)
+		case "openstack":
+			p, err = openstack.New(ctx, cfg, pc, log)
 		default:
 			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 		}

@@ -1,0 +1,172 @@
+package openstack
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
+	"github.com/gophercloud/gophercloud/v2/pagination"
+
+	"github.com/nodepool-nats/nodepool/internal/wait"
+)
+
+// The server watch lists the project's servers for every state machine of
+// the provider at once, as Nodepool's adapter does, instead of one GET per
+// server per poll: one listing of what changed since the last one (Nova's
+// changes-since) serves every booting and deleting server and the
+// launcher's instance listings. A listing starts at most every
+// pollInterval; a full listing now and then repairs anything a delta
+// listing could miss.
+const (
+	pollInterval  = 250 * time.Millisecond
+	fullListEvery = time.Minute
+	// changesMargin is taken off the cloud's clock (the Date of the last
+	// listing, to the second) for the next changes-since.
+	changesMargin = 2 * time.Second
+)
+
+type serverWatch struct {
+	p *Provider
+
+	mu        sync.Mutex
+	servers   map[string]servers.Server
+	synced    bool
+	listedAt  time.Time // when the last good listing started (local clock)
+	cloudAt   time.Time // the cloud's Date of the last good listing
+	fullAt    time.Time
+	lastStart time.Time
+	running   *refresh
+}
+
+// refresh is one listing in flight; done closes when it ends.
+type refresh struct {
+	done chan struct{}
+	err  error
+}
+
+func newServerWatch(p *Provider) *serverWatch {
+	return &serverWatch{p: p, servers: map[string]servers.Server{}}
+}
+
+// await waits until a listing that started at or after since has been
+// applied, starting one if none runs, and calls read with the lock held.
+func (w *serverWatch) await(ctx context.Context, since time.Time, read func()) error {
+	for {
+		w.mu.Lock()
+		if w.synced && !w.listedAt.Before(since) {
+			read()
+			w.mu.Unlock()
+			return nil
+		}
+		r := w.running
+		if r == nil {
+			r = &refresh{done: make(chan struct{})}
+			w.running = r
+			w.p.wg.Go(func() { w.run(r) })
+		}
+		w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.done:
+		}
+		if r.err != nil {
+			return r.err
+		}
+	}
+}
+
+// get returns a server as a listing that started at or after since shows
+// it; ok is false when that listing does not show it (it is gone).
+func (w *serverWatch) get(ctx context.Context, id string, since time.Time) (s servers.Server, ok bool, err error) {
+	err = w.await(ctx, since, func() { s, ok = w.servers[id] })
+	return s, ok, err
+}
+
+// snapshot lists every server, as of a listing at most maxAge old.
+func (w *serverWatch) snapshot(ctx context.Context, maxAge time.Duration) ([]servers.Server, error) {
+	var out []servers.Server
+	err := w.await(ctx, time.Now().Add(-maxAge), func() {
+		out = make([]servers.Server, 0, len(w.servers))
+		for _, s := range w.servers {
+			out = append(out, s)
+		}
+	})
+	return out, err
+}
+
+// run makes one listing (spaced from the previous one by pollInterval)
+// and applies it.
+func (w *serverWatch) run(r *refresh) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stop := context.AfterFunc(w.bgDone(), cancel)
+	defer stop()
+	w.mu.Lock()
+	next := w.lastStart.Add(pollInterval)
+	full := !w.synced || time.Since(w.fullAt) > fullListEvery
+	since := w.cloudAt.Add(-changesMargin)
+	w.mu.Unlock()
+	wait.Sleep(ctx, time.Until(next))
+	start := time.Now()
+	got, date, err := w.list(ctx, full, since)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lastStart = start
+	w.running = nil
+	r.err = err
+	defer close(r.done)
+	if err != nil {
+		return
+	}
+	if full {
+		w.servers = map[string]servers.Server{}
+		w.fullAt = start
+	}
+	for _, s := range got {
+		if s.Status == "DELETED" {
+			delete(w.servers, s.ID)
+			continue
+		}
+		w.servers[s.ID] = s
+	}
+	w.synced, w.listedAt = true, start
+	if date.IsZero() {
+		date = start
+	}
+	w.cloudAt = date
+}
+
+// bgDone is closed when the provider closes.
+func (w *serverWatch) bgDone() context.Context { return w.p.bg }
+
+// list lists the servers (those changed since since, unless full), and
+// the cloud's Date of the answer.
+func (w *serverWatch) list(ctx context.Context, full bool, since time.Time) ([]servers.Server, time.Time, error) {
+	cl, err := w.p.client(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	opts := servers.ListOpts{}
+	if !full {
+		opts.ChangesSince = since.UTC().Format(time.RFC3339)
+	}
+	var out []servers.Server
+	var date time.Time
+	err = servers.List(cl.compute, opts).EachPage(ctx, func(_ context.Context, pg pagination.Page) (bool, error) {
+		if sp, ok := pg.(servers.ServerPage); ok && date.IsZero() {
+			if d, err := http.ParseTime(sp.Header.Get("Date")); err == nil {
+				date = d
+			}
+		}
+		ss, err := servers.ExtractServers(pg)
+		out = append(out, ss...)
+		return true, err
+	})
+	if err != nil {
+		return nil, time.Time{}, wrapf(err, "listing servers")
+	}
+	return out, date, nil
+}
