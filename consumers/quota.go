@@ -1,11 +1,15 @@
 package consumers
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -145,4 +149,51 @@ func describeNeed(r kv.Resources) string {
 		parts = append(parts, fmt.Sprintf("%d volumes of %d GB", r.Volumes, r.VolumeGB))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// cloudQuota is the provider's quota as the cloud last reported it, and
+// what instances that are not this provider's hold.
+type cloudQuota struct {
+	limits kv.Resources
+	others kv.Resources
+}
+
+// readCloudQuota reads a provider's quota and what instances that are
+// not this provider's hold.
+func readCloudQuota(ctx context.Context, drv drivers.Provider, provider string) (cloudQuota, error) {
+	limits, err := drv.QuotaLimits(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("reading quota: %w", err)
+	}
+	insts, err := drv.ListInstances(ctx)
+	if err != nil {
+		return cloudQuota{}, fmt.Errorf("listing instances: %w", err)
+	}
+	var others kv.Resources
+	for _, inst := range insts {
+		if inst.Tags[drivers.TagProvider] != provider {
+			r := inst.Resources
+			r.Instances = max(r.Instances, 1)
+			others = others.Add(r)
+		}
+	}
+	return cloudQuota{limits: limits, others: others}, nil
+}
+
+// watchCloudQuota reads a provider's quota every interval until ctx ends.
+func watchCloudQuota(ctx context.Context, drv drivers.Provider, provider string, interval time.Duration, log *slog.Logger, out chan<- cloudQuota) {
+	for wait.Sleep(ctx, interval) {
+		q, err := readCloudQuota(ctx, drv, provider)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("could not read the cloud's quota", "err", err)
+			}
+			continue
+		}
+		select {
+		case out <- q:
+		case <-ctx.Done():
+			return
+		}
+	}
 }

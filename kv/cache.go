@@ -12,11 +12,14 @@ import (
 )
 
 // Change is one change seen by a Cache: New is nil when the key was deleted,
-// Old is nil when it was created.
+// Old is nil when it was created. Revision is the change's revision: New's,
+// or for a deletion the revision at which the key was seen deleted (at
+// least the last revision it had).
 type Change[T any] struct {
-	Key string
-	Old *Entry[T]
-	New *Entry[T]
+	Key      string
+	Old      *Entry[T]
+	New      *Entry[T]
+	Revision uint64
 }
 
 // Cache holds the current records of a bucket in memory, kept up to date by
@@ -162,14 +165,18 @@ func (c *Cache[T]) remove(key string, rev uint64) {
 		return
 	}
 	delete(c.entries, key)
-	c.gone[key] = rev
-	subs, observers := c.subs, c.observers
-	c.mu.Unlock()
+	c.gone[key] = max(c.gone[key], rev)
+	ch := Change[T]{Key: key, Old: old, Revision: rev}
 	if ok {
-		ch := Change[T]{Key: key, Old: old}
-		for _, s := range subs {
+		// Queued under the lock, so that every subscriber sees the changes
+		// of a key in the order the cache made them.
+		for _, s := range c.subs {
 			s.push(ch)
 		}
+	}
+	observers := c.observers
+	c.mu.Unlock()
+	if ok {
 		for _, fn := range observers {
 			fn(ch)
 		}
@@ -188,15 +195,18 @@ func (c *Cache[T]) Apply(e Entry[T]) {
 	delete(c.gone, e.Key)
 	ne := &e
 	c.entries[e.Key] = ne
-	subs, observers := c.subs, c.observers
-	c.mu.Unlock()
-	ch := Change[T]{Key: e.Key, New: ne}
+	ch := Change[T]{Key: e.Key, New: ne, Revision: e.Revision}
 	if ok {
 		ch.Old = old
 	}
-	for _, s := range subs {
+	// Queued under the lock, so that every subscriber sees the changes of
+	// a key in the order the cache made them (two writers applying at once
+	// could otherwise queue an older revision after a newer one).
+	for _, s := range c.subs {
 		s.push(ch)
 	}
+	observers := c.observers
+	c.mu.Unlock()
 	for _, fn := range observers {
 		fn(ch)
 	}
@@ -210,7 +220,7 @@ func (c *Cache[T]) Observe(fn func(Change[T])) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range c.entries {
-		fn(Change[T]{Key: e.Key, New: e})
+		fn(Change[T]{Key: e.Key, New: e, Revision: e.Revision})
 	}
 	c.observers = append(c.observers, fn)
 }
@@ -259,7 +269,7 @@ func (c *Cache[T]) Subscribe() *Subscription[T] {
 	s := &Subscription[T]{signal: make(chan struct{}, 1)}
 	c.mu.Lock()
 	for _, e := range c.entries {
-		s.queue = append(s.queue, Change[T]{Key: e.Key, New: e})
+		s.queue = append(s.queue, Change[T]{Key: e.Key, New: e, Revision: e.Revision})
 	}
 	c.subs = append(c.subs, s)
 	c.mu.Unlock()

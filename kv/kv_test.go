@@ -192,7 +192,7 @@ func TestCloneIsDeep(t *testing.T) {
 	// Every field of Node is copied: a field added later without Clone
 	// support shows up here through its zero value in the copy.
 	rv := reflect.ValueOf(kv.Node{}).NumField()
-	if rv != 36 {
+	if rv != 38 {
 		t.Errorf("Node has %d fields; check that Clone copies the new ones deeply and update this count", rv)
 	}
 	r := kv.Request{ID: "r", Labels: []string{"a"}, Nodes: []string{"n"}, DeclinedBy: []string{"p"}, RequestorData: []byte(`{}`)}
@@ -227,5 +227,38 @@ func TestUpsert(t *testing.T) {
 	e, err := b.Requests.Get(ctx, "c1")
 	if err != nil || e.Value.Priority != 20 || e.Value.ID != "c1" {
 		t.Fatalf("after 20 upserts: %+v, %v", e.Value, err)
+	}
+}
+
+// Writers applying their writes at once never make a subscriber see a
+// key go back to an older revision: changes are queued in the order the
+// cache took them.
+func TestCacheQueuesChangesInOrder(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	c := kv.NewCache(b.Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sub := c.Subscribe()
+	defer c.Unsubscribe(sub)
+	const writers, revs = 4, 2000
+	var next atomic.Uint64
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for {
+				rev := next.Add(1)
+				if rev > revs {
+					return
+				}
+				c.Apply(kv.Entry[kv.Node]{Key: "n", Value: kv.Node{ID: "n", Attempt: int(rev)}, Revision: rev})
+			}
+		})
+	}
+	wg.Wait()
+	var last uint64
+	for _, ch := range sub.Drain() {
+		if ch.New.Revision < last {
+			t.Fatalf("change at revision %d queued after one at %d", ch.New.Revision, last)
+		}
+		last = ch.New.Revision
 	}
 }

@@ -1,0 +1,228 @@
+package consumers
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+func createRequest(n *kv.Node) drivers.CreateRequest {
+	label := ""
+	if len(n.Labels) > 0 {
+		label = n.Labels[0]
+	}
+	return drivers.CreateRequest{
+		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1), AZ: n.AZ,
+		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
+	}
+}
+
+// runCreate advances a node's create machine to ready, retrying failed
+// attempts (each failed instance deleted first) up to launch-retries.
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
+	l := lc.l
+	id := e.Key
+	n := e.Value
+	prov, _ := l.opts.Config.Provider(n.Provider)
+	drv := l.opts.Providers[n.Provider]
+	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
+	if n.Attempt == 0 {
+		n.Attempt = 1
+	}
+	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
+	if err != nil {
+		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+		return
+	}
+	// A driver whose creates are idempotent resumes from scratch: its
+	// progress need not be recorded step by step.
+	_, idempotent := drivers.As[drivers.Idempotent](drv)
+	attemptStart := time.Now()
+	saved := n.DriverData
+	savedAttempt := e.Value.Attempt
+	waits := 0
+	for ctx.Err() == nil {
+		var attemptErr error
+		step, err := sm.Advance(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && (errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)):
+			// Not a failed attempt: wait for room and try the step again,
+			// saying why on the node (once per wait).
+			log.Info("cloud asks to wait", "err", err)
+			l.metrics.CloudWaits.Add(1)
+			if waits == 0 {
+				why := "waiting: " + err.Error()
+				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
+					lc.lostDuringCreate(ctx, id, drv, sm, uerr)
+					return
+				}
+			}
+			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
+				return
+			}
+			waits++
+			continue
+		case err != nil:
+			attemptErr = err
+		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
+			attemptErr = fmt.Errorf("not ready within boot-timeout %s", prov.BootTimeout.D())
+		}
+		waits = 0
+		if attemptErr != nil {
+			l.metrics.LaunchAttemptsFailed.Add(1)
+			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
+				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
+					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
+				}
+			}
+			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
+			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
+				return
+			}
+			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
+				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
+				return
+			}
+			next := n.Attempt + 1
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
+			})
+			if err != nil {
+				return
+			}
+			n = ne.Value
+			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
+				lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+				return
+			}
+			saved, savedAttempt, attemptStart = nil, n.Attempt, time.Now()
+			continue
+		}
+		if step.Done {
+			inst := step.Instance
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				fillFromInstance(x, inst, prov)
+				x.DriverData = sm.State()
+				x.Attempt = n.Attempt
+				x.Reason = ""
+				x.SetState(kv.NodeReady, time.Now().UTC())
+			})
+			if err != nil {
+				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				return
+			}
+			l.metrics.NodesLaunched.Add(1)
+			log.Debug("node ready", "external_id", ne.Value.ExternalID)
+			return
+		}
+		if st := sm.State(); n.Attempt != savedAttempt || (!idempotent && !bytes.Equal(st, saved)) {
+			ext := sm.ExternalID()
+			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
+				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
+			})
+			if err != nil {
+				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				return
+			}
+			n = ne.Value
+			saved, savedAttempt = st, n.Attempt
+		}
+		// Wait as the machine asks, but wake for the boot-timeout.
+		untilTimeout := prov.BootTimeout.D() - time.Since(attemptStart) + time.Millisecond
+		if !wait.Sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
+			return
+		}
+	}
+}
+
+// lostDuringCreate runs when a node changed under a running create (deleted
+// by an operator, handed to another launcher): an instance this process
+// created and that the node does not record is deleted here, as nobody else
+// knows it.
+func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, err error) {
+	if !errors.Is(err, errLost) {
+		return // ctx ended; the node stays ours and is resumed or handed over
+	}
+	ext := sm.ExternalID()
+	if ext == "" {
+		return
+	}
+	if cur, gerr := lc.l.b.Nodes.Get(ctx, id); gerr == nil && cur.Value.ExternalID == ext {
+		return // whoever has the node now knows the instance
+	}
+	lc.deleteInstance(ctx, drv, ext, nil)
+}
+
+// failLaunch marks a node failed after its last attempt, and fails the
+// request it was launched for, with the reason.
+func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
+	l := lc.l
+	reason := fmt.Sprintf("node %s (%s in %s): %v", n.ID, strings.Join(n.Labels, ","), kv.PoolRef(n.Provider, n.Pool), cause)
+	if n.AllocatedTo != "" {
+		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {
+			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
+				return kv.ErrSkip
+			}
+			r.SetState(kv.RequestFailed, time.Now().UTC())
+			r.Reason = reason
+			return nil
+		})
+		if err == nil {
+			l.metrics.RequestsFailed.Add(1)
+		}
+	}
+	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
+		x.SetState(kv.NodeFailed, time.Now().UTC())
+		x.Reason = reason
+		x.ExternalID = ""
+		x.DriverData = nil
+	})
+	if err != nil {
+		l.log.Debug("could not mark node failed", "node", n.ID, "err", err)
+	}
+	l.metrics.LaunchesFailed.Add(1)
+	l.log.Warn("launch failed", "node", n.ID, "reason", reason)
+}
+
+func containsID(ids []string, id string) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider) {
+	n.ExternalID = inst.ExternalID
+	if inst.Name != "" {
+		n.Hostname = inst.Name
+	}
+	n.Cloud = prov.Cloud
+	n.Region, n.AZ = inst.Region, inst.AZ
+	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
+	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
+	if inst.PythonPath != "" {
+		n.PythonPath = inst.PythonPath
+	}
+	if inst.ShellType != "" {
+		n.ShellType = inst.ShellType
+	}
+	if inst.HostKeys != nil {
+		n.HostKeys = inst.HostKeys
+	}
+	if inst.ImageID != "" {
+		n.ImageID = inst.ImageID
+	}
+}
+

@@ -1,0 +1,119 @@
+package consumers
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// deleteInstance runs a delete machine to completion, retrying with
+// backoff. It reports false if ctx ended first. progress, if set, records
+// the machine's state after each step.
+func (lc *lifecycle) deleteInstance(ctx context.Context, drv drivers.Provider, externalID string, progress func(drivers.StateMachine) error) bool {
+	if externalID == "" {
+		return true
+	}
+	sm, err := drv.Delete(externalID, nil)
+	if err != nil {
+		lc.l.log.Error("cannot start the delete machine", "external_id", externalID, "err", err)
+		return false
+	}
+	return lc.advanceDelete(ctx, sm, progress)
+}
+
+func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine, progress func(drivers.StateMachine) error) bool {
+	var saved []byte
+	for failures := 0; ctx.Err() == nil; {
+		step, err := sm.Advance(ctx)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err != nil {
+			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
+			if !wait.Sleep(ctx, wait.Backoff(failures)) {
+				return false
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		if step.Done {
+			return true
+		}
+		if st := sm.State(); progress != nil && !bytes.Equal(st, saved) {
+			if err := progress(sm); err != nil {
+				return false
+			}
+			saved = st
+		}
+		if !wait.Sleep(ctx, min(step.Wait, 2*time.Second)) {
+			return false
+		}
+	}
+	return false
+}
+
+// runDelete deletes a node's instance and then its record.
+func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
+	l := lc.l
+	id := e.Key
+	n := e.Value
+	drv := l.opts.Providers[n.Provider]
+	if n.ExternalID != "" {
+		sm, err := drv.Delete(n.ExternalID, n.DriverData)
+		if err != nil {
+			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
+			if sm, err = drv.Delete(n.ExternalID, nil); err != nil {
+				l.log.Error("cannot start the delete machine", "node", id, "err", err)
+				return
+			}
+		}
+		ok := lc.advanceDelete(ctx, sm, func(sm drivers.StateMachine) error {
+			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
+			return err
+		})
+		if !ok {
+			return
+		}
+	}
+	for ctx.Err() == nil {
+		cur, ok := l.nodes.Get(id)
+		if !ok {
+			fresh, err := l.b.Nodes.Get(ctx, id)
+			if errors.Is(err, kv.ErrNotFound) {
+				return
+			}
+			if err != nil {
+				if !wait.Sleep(ctx, time.Second) {
+					return
+				}
+				continue
+			}
+			cur = fresh
+		}
+		if cur.Value.State != kv.NodeDeleting || cur.Value.Launcher != l.opts.ID {
+			return
+		}
+		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
+		if err == nil || errors.Is(err, kv.ErrNotFound) {
+			l.metrics.NodesDeleted.Add(1)
+			return
+		}
+		if errors.Is(err, kv.ErrConflict) {
+			fresh, gerr := l.b.Nodes.Get(ctx, id)
+			if gerr == nil {
+				l.nodes.Apply(fresh)
+			}
+			continue
+		}
+		l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
+		if !wait.Sleep(ctx, time.Second) {
+			return
+		}
+	}
+}

@@ -1,0 +1,372 @@
+package consumers
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// requestLess orders requests: real ones before min-ready ones, then lower
+// priority, lower relative priority, earlier submission.
+func requestLess(a, b *kv.Request) int {
+	am, bm := a.Requestor == MinReadyRequestor, b.Requestor == MinReadyRequestor
+	switch {
+	case am != bm:
+		if am {
+			return 1
+		}
+		return -1
+	case a.Priority != b.Priority:
+		return a.Priority - b.Priority
+	case a.RelativePriority != b.RelativePriority:
+		return a.RelativePriority - b.RelativePriority
+	case !a.Created.Equal(b.Created):
+		return a.Created.Compare(b.Created)
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// slot is one node of a request's plan.
+type slot struct {
+	index int
+	label string
+	node  string // id of the node (existing when reuse, new otherwise)
+	reuse bool
+}
+
+// headroom is what may be launched now, given the records and the jobs in
+// flight.
+func (t *term) headroom() *headroom {
+	used := t.idx.used
+	h := &headroom{
+		pool:     poolLimits(t.pool).Sub(used.poolUsed),
+		provider: t.cloud.limits.Sub(t.cloud.others).Sub(used.provUsed),
+		tenants:  map[string]kv.Resources{},
+	}
+	for _, tl := range t.l.opts.Config.TenantResourceLimits {
+		h.tenants[tl.TenantName] = tenantLimits(tl).Sub(used.tenants[tl.TenantName])
+	}
+	for _, in := range t.jobs.newNodes {
+		h.take(in.tenant, in.size)
+	}
+	return h
+}
+
+// pass looks at the pool's requests and nodes and starts the jobs they need.
+func (t *term) pass(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	l := t.l
+	ix, jobs := t.idx, t.jobs
+	s := t.scheduler // jobs run beside the loop: they touch no term state
+	// Nodes allocated to requests that are gone, failed, or no longer
+	// list them go back to the pool.
+	for id := range ix.suspects {
+		delete(ix.suspects, id)
+		e, ok := ix.poolNodes[id]
+		if !ok || jobs.busy[id] || jobs.reserved[id] {
+			continue // a job in flight marks it again when done
+		}
+		n := &e.Value
+		if n.AllocatedTo == "" || (n.State != kv.NodeReady && n.State != kv.NodeBuilding) {
+			continue
+		}
+		if r, ok := ix.requests[n.AllocatedTo]; !ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id) {
+			jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
+		}
+	}
+	free := map[string][]string{} // label -> ready unallocated nodes, oldest first
+	for label, ids := range ix.free {
+		for id := range ids {
+			if !jobs.reserved[id] {
+				free[label] = append(free[label], id)
+			}
+		}
+		slices.SortFunc(free[label], func(a, b string) int {
+			return ix.poolNodes[a].Value.StateTime.Compare(ix.poolNodes[b].Value.StateTime)
+		})
+	}
+	room := t.headroom()
+	if t.registered {
+		room.pool = kv.Resources{} // a registered pool never launches
+	}
+
+	// Pending requests that something happened to.
+	for id := range ix.dirty {
+		e, ok := ix.pending[id]
+		if !ok {
+			delete(ix.dirty, id)
+			continue
+		}
+		if jobs.busy[id] {
+			continue // looked at again when its job is done
+		}
+		r := e.Value
+		if t.checkPending(ctx, &r, free, room) {
+			delete(ix.dirty, id)
+		}
+	}
+
+	var waiting []*kv.Request
+	for id, e := range ix.waiting {
+		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) {
+			continue
+		}
+		r := e.Value
+		waiting = append(waiting, &r)
+	}
+	slices.SortFunc(waiting, requestLess)
+
+	live := l.livePools()
+	// A request that does not fit waits in its place: it keeps the ready
+	// nodes it would take, and requests behind it for one of its labels (or,
+	// when a tenant limit stops it, of its tenant) wait behind it. Requests
+	// for other labels pass it when they fit.
+	blockedLabels := map[string]bool{}
+	blockedTenants := map[string]bool{}
+	paused := false
+	for _, r := range waiting {
+		if why := t.cannotServe(r); why != "" {
+			jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
+			continue
+		}
+		if !t.imagesReady(r) {
+			continue // waits for an upload of its diskimage; not a decline
+		}
+		if t.deferred(r, live) {
+			continue
+		}
+		plan, need := t.plan(r, free, nil)
+		if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
+			continue
+		}
+		if ok, by := room.fits(r.Tenant, need); !ok {
+			if strings.HasPrefix(by, "tenant ") {
+				// Only this tenant's requests wait behind it.
+				blockedTenants[r.Tenant] = true
+				continue
+			}
+			for _, lb := range r.Labels {
+				blockedLabels[lb] = true
+			}
+			paused = true
+			continue
+		}
+		room.take(r.Tenant, need)
+		jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
+		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		for _, sl := range plan {
+			if sl.reuse {
+				d.reserved = append(d.reserved, sl.node)
+			}
+		}
+		jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+	}
+	if paused != t.paused {
+		t.paused = paused
+		l.setPaused(t.ref, paused)
+	}
+}
+
+// plan picks, for each label of r (or the given slots only), a ready node
+// of this pool or a new one; free loses the nodes picked. need is what the
+// new nodes cost.
+func (t *term) plan(r *kv.Request, free map[string][]string, only []int) ([]slot, kv.Resources) {
+	var plan []slot
+	var need kv.Resources
+	for i, label := range r.Labels {
+		if only != nil && !slices.Contains(only, i) {
+			continue
+		}
+		if (r.Reuse || t.registered) && len(free[label]) > 0 {
+			id := free[label][0]
+			plan = append(plan, slot{index: i, label: label, node: id, reuse: true})
+			t.takeFree(free, label, id)
+			continue
+		}
+		plan = append(plan, slot{index: i, label: label, node: newNodeID()})
+		need = need.Add(t.sizes[label])
+	}
+	return plan, need
+}
+
+// takeFree removes a node picked for a label from the free lists of every
+// label it has.
+func (t *term) takeFree(free map[string][]string, label, id string) {
+	labels := []string{label}
+	if e, ok := t.idx.poolNodes[id]; ok {
+		labels = append(labels, e.Value.Labels...)
+	}
+	for _, l := range labels {
+		free[l] = slices.DeleteFunc(free[l], func(x string) bool { return x == id })
+	}
+}
+
+// newNodeID returns a fresh random node id (13 characters of [0-9a-z]).
+func newNodeID() string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var b [13]byte
+	_, _ = rand.Read(b[:])
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b[:])
+}
+
+// cannotServe says why this pool could never serve r ("" if it could):
+// a label it does not provide, or more than its whole quota, its
+// provider's whole quota or the tenant's limits.
+func (t *term) cannotServe(r *kv.Request) string {
+	var all kv.Resources
+	for _, label := range r.Labels {
+		if !t.labels[label] {
+			return fmt.Sprintf("label %s is not in this pool", label)
+		}
+		all = all.Add(t.sizes[label])
+	}
+	if why, over := exceeds(all, poolLimits(t.pool)); over {
+		return "needs more than the pool's whole quota (" + why + ")"
+	}
+	if t.registered {
+		if why := t.registeredShort(r.Labels); why != "" {
+			return why
+		}
+	}
+	if why, over := exceeds(all, t.cloud.limits); over {
+		return "needs more than the provider's whole quota (" + why + ")"
+	}
+	if tl, ok := t.l.opts.Config.TenantLimit(r.Tenant); ok {
+		if why, over := exceeds(all, tenantLimits(tl)); over {
+			return "needs more than tenant " + r.Tenant + " may ever hold (" + why + ")"
+		}
+	}
+	return ""
+}
+
+// registeredShort says why a pool of registered hosts (static) could never
+// serve these labels at once: more nodes of a label, or more nodes in all,
+// than its hosts' max-parallel-jobs add up to. "" if it could.
+func (s *scheduler) registeredShort(labels []string) string {
+	if len(s.pool.Nodes) == 0 {
+		return ""
+	}
+	slots, total := map[string]int{}, 0
+	for _, h := range s.pool.Nodes {
+		total += h.MaxParallelJobs
+		for _, l := range h.Labels {
+			slots[l] += h.MaxParallelJobs
+		}
+	}
+	want := map[string]int{}
+	for _, l := range labels {
+		want[l]++
+	}
+	for l, n := range want {
+		if n > slots[l] {
+			return fmt.Sprintf("needs %d nodes of %s; the pool's hosts give %d", n, l, slots[l])
+		}
+	}
+	if len(labels) > total {
+		return fmt.Sprintf("needs %d nodes; the pool's hosts give %d in all", len(labels), total)
+	}
+	return ""
+}
+
+// deferred reports whether r should be left to another live pool: the
+// provider it names, or a pool of better (lower) priority that provides all
+// its labels and has not declined it.
+func (s *scheduler) deferred(r *kv.Request, live map[string]kv.ComponentPool) bool {
+	if r.Provider != "" && r.Provider != s.prov.Name {
+		for _, p := range live {
+			if p.Provider == r.Provider {
+				return true
+			}
+		}
+	}
+	for ref, p := range live {
+		// A better pool that is paused (at quota) does not hold a request
+		// up: it goes to the next pool that has room.
+		if ref == s.ref || p.Priority >= s.pool.Priority || p.Paused || slices.Contains(r.DeclinedBy, ref) {
+			continue
+		}
+		if r.Provider != "" && p.Provider != r.Provider {
+			continue
+		}
+		if providesAll(p.Labels, r.Labels) {
+			return true
+		}
+	}
+	return false
+}
+
+func providesAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkPending moves a request this pool claimed along: fulfil it when all
+// its nodes are ready, fail it when one failed, replace nodes that vanished.
+// It reports false when the request must be looked at again even if
+// nothing about it changes (a node to replace waits for quota).
+func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) bool {
+	s := t.scheduler // jobs run beside the loop: they touch no term state
+	if len(r.Nodes) != len(r.Labels) {
+		// A plan that does not match the labels: plan every slot again.
+		r.Nodes = make([]string, len(r.Labels))
+	}
+	ready := true
+	var missing []int
+	for i, id := range r.Nodes {
+		e, ok := t.idx.poolNodes[id]
+		if !ok || e.Value.AllocatedTo != r.ID {
+			missing = append(missing, i)
+			continue
+		}
+		n := &e.Value
+		switch {
+		case n.State == kv.NodeReady || n.State == kv.NodeInUse:
+		case n.State == kv.NodeFailed || (n.Reason != "" && (n.State == kv.NodeDeleting || n.State == kv.NodeUsed)):
+			reason := n.Reason
+			if reason == "" {
+				reason = fmt.Sprintf("node %s failed", id)
+			}
+			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
+			return true
+		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
+			ready = false
+		default:
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		plan, need := t.plan(r, free, missing)
+		if ok, _ := room.fits(r.Tenant, need); !ok {
+			return false
+		}
+		room.take(r.Tenant, need)
+		t.jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
+		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		for _, sl := range plan {
+			if sl.reuse {
+				d.reserved = append(d.reserved, sl.node)
+			}
+		}
+		old := slices.Clone(r.Nodes)
+		t.jobs.spawn(ctx, d, func(ctx context.Context) { s.replan(ctx, r.ID, old, plan) })
+		return true
+	}
+	if ready {
+		nodes := slices.Clone(r.Nodes)
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
+	}
+	return true
+}

@@ -1,0 +1,130 @@
+package consumers
+
+import (
+	"context"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// term is the state of one term as the pool's leader: made when the lease
+// is taken and dropped when it is lost, so that nothing one term saw or
+// started (indexes, jobs in flight, the cloud's quota, the pause) can leak
+// into the next.
+type term struct {
+	*scheduler
+
+	// idx holds the records as this term has seen them.
+	idx *poolIndex
+	// jobs are the writes in flight.
+	jobs *jobSet
+	// cloud is the provider's quota as the cloud last reported it.
+	cloud cloudQuota
+	// paused: the pool waits on quota (announced in the heartbeat).
+	paused bool
+
+	// The change queues the index is kept from.
+	reqSub  *kv.Subscription[kv.Request]
+	nodeSub *kv.Subscription[kv.Node]
+}
+
+func newTerm(s *scheduler) *term {
+	return &term{
+		scheduler: s,
+		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
+		jobs:      newJobSet(),
+		cloud:     cloudQuota{limits: unlimited},
+	}
+}
+
+// run is the term's loop: it applies the changes of the records, makes a
+// pass, and waits for the next change, job or tick.
+func (t *term) run(ctx context.Context) {
+	defer t.l.setPaused(t.ref, false)
+
+	// The cloud's view of quota is read before the first decision, then
+	// now and then, not on every pass.
+	// A pool with ignore-provider-quota counts its own limits only.
+	drv := t.l.opts.Providers[t.prov.Name]
+	quotaC := make(chan cloudQuota, 1)
+	if !t.pool.IgnoreProviderQuota {
+		if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
+			t.cloud = q
+		} else if ctx.Err() == nil {
+			t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
+		}
+		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+	}
+
+	t.subscribe()
+	defer t.unsubscribe()
+	compSub := t.l.components.Subscribe()
+	defer t.l.components.Unsubscribe(compSub)
+	imgWatch := t.l.images.watch()
+	defer imgWatch.stop()
+	defer t.jobs.wait()
+
+	tick := time.NewTicker(t.l.opts.SyncInterval)
+	defer tick.Stop()
+	for {
+		// Jobs apply their writes to the caches before they report done:
+		// collecting them first, then draining the change queues, means
+		// the pass sees every write of every job it no longer counts as in
+		// flight.
+		for _, k := range t.jobs.collect() {
+			// Look at what the job left (a key is a request or a node).
+			t.idx.dirty[k] = true
+			t.idx.suspects[k] = true
+		}
+		for _, ch := range t.reqSub.Drain() {
+			t.idx.applyRequest(ch)
+		}
+		for _, ch := range t.nodeSub.Drain() {
+			t.idx.applyNode(ch)
+		}
+		compSub.Drain()
+		imgWatch.drain()
+		start := time.Now()
+		t.pass(ctx)
+		t.l.metrics.SchedulerPasses.Add(1)
+		t.l.metrics.SchedulerPassNanos.Add(int64(time.Since(start)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.reqSub.C():
+		case <-t.nodeSub.C():
+		case <-compSub.C():
+		case <-imgWatch.C():
+		case <-t.jobs.doneC:
+		case <-tick.C:
+			t.rebuild()
+			if len(t.unsized) > 0 {
+				t.readSizes()
+			}
+		case q := <-quotaC:
+			t.cloud = q
+		}
+	}
+}
+
+// subscribe starts the change queues; each begins with every record the
+// caches hold.
+func (t *term) subscribe() {
+	t.reqSub = t.l.requests.Subscribe()
+	t.nodeSub = t.l.nodes.Subscribe()
+}
+
+func (t *term) unsubscribe() {
+	t.l.requests.Unsubscribe(t.reqSub)
+	t.l.nodes.Unsubscribe(t.nodeSub)
+}
+
+// rebuild drops the index and builds it again from the caches, as a safety
+// net under the incremental indexing: a change it missed heals here. Every
+// pending request and every allocated node is looked at again on the next
+// pass.
+func (t *term) rebuild() {
+	t.unsubscribe()
+	t.idx = newPoolIndex(t.prov.Name, t.pool.Name)
+	t.subscribe()
+}

@@ -1,0 +1,272 @@
+package consumers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// claim takes a waiting request for this pool (requested -> pending, with
+// its plan) and then allocates or creates its nodes.
+func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
+	if !slices.ContainsFunc(plan, func(sl slot) bool { return !sl.reuse }) {
+		s.serveFromReady(ctx, id, plan)
+		return
+	}
+	now := time.Now().UTC()
+	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestPending, now)
+		r.Provider, r.Pool = s.prov.Name, s.pool.Name
+		r.Reason = "" // notes of pools that declined it
+		r.Nodes = make([]string, len(r.Labels))
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("could not claim request", "request", id, "err", err)
+		}
+		return
+	}
+	s.assign(ctx, &e.Value, plan)
+}
+
+// serveFromReady serves a request whose every node is a ready one: the
+// nodes are allocated first, then the request goes from requested straight
+// to fulfilled in one write. If that write fails (the request changed or
+// went), the nodes are given back; if the process dies in between, the next
+// pass frees nodes allocated to a request that does not list them.
+func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) {
+	cached, found := s.l.requests.Get(id)
+	if !found {
+		return
+	}
+	r := &cached.Value
+	var wg sync.WaitGroup
+	ok := make([]bool, len(plan))
+	for i, sl := range plan {
+		wg.Go(func() { ok[i] = s.allocate(ctx, sl.node, r) })
+	}
+	wg.Wait()
+	undo := func() {
+		for i, sl := range plan {
+			if ok[i] {
+				s.freeNode(ctx, sl.node, id)
+			}
+		}
+	}
+	if slices.Contains(ok, false) {
+		undo() // a node went meanwhile; the next pass plans again
+		return
+	}
+	now := time.Now().UTC()
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFulfilled, now)
+		r.Provider, r.Pool = s.prov.Name, s.pool.Name
+		r.Reason = ""
+		r.Nodes = make([]string, len(r.Labels))
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("could not fulfil request", "request", id, "err", err)
+		}
+		undo()
+		return
+	}
+	s.l.metrics.RequestsFulfilled.Add(1)
+}
+
+// replan replaces the nodes of some slots of a pending request.
+func (s *scheduler) replan(ctx context.Context, id string, old []string, plan []slot) {
+	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, old) {
+			return kv.ErrSkip
+		}
+		if len(r.Nodes) != len(r.Labels) {
+			r.Nodes = make([]string, len(r.Labels))
+		}
+		for _, sl := range plan {
+			r.Nodes[sl.index] = sl.node
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	s.assign(ctx, &e.Value, plan)
+}
+
+// assign allocates the reused nodes and creates the new ones of a plan, all
+// at once; if every node of the request is then ready, it is fulfilled.
+func (s *scheduler) assign(ctx context.Context, r *kv.Request, plan []slot) {
+	l := s.l
+	var wg sync.WaitGroup
+	ok := make([]bool, len(plan))
+	for i, sl := range plan {
+		wg.Go(func() {
+			if sl.reuse {
+				ok[i] = s.allocate(ctx, sl.node, r)
+			} else {
+				ok[i] = s.create(ctx, sl, r)
+			}
+		})
+	}
+	wg.Wait()
+	for i, sl := range plan {
+		if !ok[i] || !sl.reuse {
+			return // the next pass replans what failed; launches take time
+		}
+	}
+	for _, id := range r.Nodes {
+		e, found := l.nodes.Get(id)
+		if !found || e.Value.State != kv.NodeReady || e.Value.AllocatedTo != r.ID {
+			return
+		}
+	}
+	s.fulfil(ctx, r.ID, r.Nodes)
+}
+
+// allocate gives a ready, unallocated node to a request.
+func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) bool {
+	_, err := s.l.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.State != kv.NodeReady || n.AllocatedTo != "" {
+			return kv.ErrSkip
+		}
+		n.AllocatedTo, n.Requestor, n.Tenant = r.ID, r.Requestor, r.Tenant
+		return nil
+	})
+	if err != nil {
+		return false
+	}
+	s.l.metrics.NodesReused.Add(1)
+	return true
+}
+
+// create writes the record of a new node for a request; the node lifecycle
+// group launches it.
+func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
+	now := time.Now().UTC()
+	size, err := s.l.opts.Providers[s.prov.Name].QuotaForLabel(s.pool.Name, sl.label)
+	if err != nil {
+		size = kv.Resources{Instances: 1}
+	}
+	n := &kv.Node{
+		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
+		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
+		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
+		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
+		Created: now, StateTime: now, Attempt: 1,
+	}
+	_, err = s.l.nodes.Create(ctx, n.ID, n)
+	if err != nil && !errors.Is(err, kv.ErrExists) {
+		if ctx.Err() == nil {
+			s.log.Warn("could not create node", "node", n.ID, "request", r.ID, "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// fulfil marks a pending request fulfilled with its nodes.
+func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, nodes) {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFulfilled, time.Now().UTC())
+		r.Reason = ""
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsFulfilled.Add(1)
+	}
+}
+
+// fail marks a pending request of this pool failed.
+func (s *scheduler) fail(ctx context.Context, id, reason string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFailed, time.Now().UTC())
+		r.Reason = reason
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsFailed.Add(1)
+	}
+}
+
+// decline records that this pool cannot serve a request, and why (in the
+// reason, which says why every pool declined when the last one fails it).
+func (s *scheduler) decline(ctx context.Context, id, why string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
+			return kv.ErrSkip
+		}
+		r.DeclinedBy = append(r.DeclinedBy, s.ref)
+		note := s.ref + ": " + why
+		if r.Reason == "" {
+			r.Reason = note
+		} else {
+			r.Reason += "; " + note
+		}
+		failIfAllDeclined(r, s.l.livePools(), time.Now().UTC())
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsDeclined.Add(1)
+	}
+}
+
+// failIfAllDeclined fails a waiting request that every live pool declined.
+func failIfAllDeclined(r *kv.Request, live map[string]kv.ComponentPool, now time.Time) bool {
+	if r.State != kv.RequestRequested || len(live) == 0 {
+		return false
+	}
+	for ref := range live {
+		if !slices.Contains(r.DeclinedBy, ref) {
+			return false
+		}
+	}
+	r.SetState(kv.RequestFailed, now)
+	why := r.Reason
+	if why == "" {
+		why = strings.Join(r.DeclinedBy, ", ")
+	}
+	r.Reason = fmt.Sprintf("no pool can serve labels [%s]: declined by every live pool (%s)", strings.Join(r.Labels, " "), why)
+	return true
+}
+
+// freeNode takes a node back from a request that is gone, failed, or no
+// longer lists it; it becomes an unallocated node of the pool.
+func (s *scheduler) freeNode(ctx context.Context, nodeID, request string) {
+	_, err := s.l.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+		if n.AllocatedTo != request || (n.State != kv.NodeReady && n.State != kv.NodeBuilding) {
+			return kv.ErrSkip
+		}
+		n.AllocatedTo, n.Requestor, n.Tenant = "", "", ""
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		s.log.Warn("could not free node", "node", nodeID, "err", err)
+	}
+}
