@@ -80,10 +80,11 @@ type Provider struct {
 	BootTimeout    Duration `yaml:"boot-timeout"`
 	LaunchTimeout  Duration `yaml:"launch-timeout"`
 	MaxConcurrency int      `yaml:"max-concurrency"`
-	// Rate paces the provider's API calls, all launcher processes
-	// together (0: no limit): calls per second, except for openstack,
-	// where it is seconds between calls (see CallsPerSecond).
-	Rate  float64 `yaml:"rate"`
+	// Rate is the most API calls per second to the provider, all
+	// launcher processes together (0: no limit). OpenStack's `rate` means
+	// seconds between calls, as in Nodepool: its driver has a key of its
+	// own (OpenStackProvider.RateSeconds), converted into this one.
+	Rate  float64 `yaml:"rate" notdrivers:"openstack"`
 	Pools []Pool  `yaml:"pools"`
 
 	// Cloud names the cloud: an entry of clouds.yaml for openstack, the
@@ -332,11 +333,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 			d.fail(path+".max-concurrency", at("max-concurrency"), "expected 0 (unlimited) or more, got %d", p.MaxConcurrency)
 		}
 		if p.Rate < 0 {
-			unit := "calls per second"
-			if p.Driver == "openstack" {
-				unit = "seconds between API calls"
-			}
-			d.fail(path+".rate", at("rate"), "expected 0 (no limit) or more %s, got %g", unit, p.Rate)
+			d.fail(path+".rate", at("rate"), "expected 0 (no limit) or more calls per second, got %g", p.Rate)
 		}
 		if p.APIRateLimit < 0 {
 			d.fail(path+".api-rate-limit", at("api-rate-limit"), "expected 0 (no limit) or more calls per second, got %g", p.APIRateLimit)

@@ -31,7 +31,11 @@ var OpenStackConnectionTypes = []string{"ssh", "winrm", "network_cli"}
 // cloud's name (`cloud`, an entry of clouds.yaml) is Provider.Cloud, which
 // the fake driver shares.
 type OpenStackProvider struct {
-	RegionName      string `yaml:"region-name" drivers:"openstack"`
+	// RateSeconds is Nodepool's `rate` of an openstack provider: seconds
+	// between API calls (0: no pacing). Provider.Rate holds it as calls
+	// per second.
+	RateSeconds     float64 `yaml:"rate" drivers:"openstack"`
+	RegionName      string  `yaml:"region-name" drivers:"openstack"`
 	ImageNameFormat string `yaml:"image-name-format" drivers:"openstack"`
 	// PostUploadHook runs after an upload, before the image is used:
 	// HOOK PROVIDER EXTERNAL_IMAGE_ID LOCAL_IMAGE_FILENAME; a failure
@@ -113,18 +117,10 @@ type OpenStackLabel struct {
 	Networks        []string `yaml:"networks" drivers:"openstack"`
 }
 
-// CallsPerSecond is the provider's rate as calls per second (0: no
-// limit): an openstack provider's rate is seconds between calls, as in
-// Nodepool, the other drivers' calls per second.
-func (p *Provider) CallsPerSecond() float64 {
-	if p.Driver == "openstack" {
-		if p.Rate <= 0 {
-			return 0
-		}
-		return 1 / p.Rate
-	}
-	return p.Rate
-}
+// CallsPerSecond is the provider's rate as calls per second, whatever the
+// driver's `rate` means (0: no limit); the launcher paces the provider's
+// API calls with it.
+func (p *Provider) CallsPerSecond() float64 { return p.Rate }
 
 // CleansFloatingIPs reports clean-floating-ips (default true).
 func (op *OpenStackProvider) CleansFloatingIPs() bool {
@@ -175,7 +171,11 @@ func (op *OpenStackProvider) noteSet(n *yaml.Node) {
 func (p *Provider) applyOpenStackDefaults() {
 	op := &p.OpenStackProvider
 	if !op.set["rate"] {
-		p.Rate = DefaultOpenStackRate
+		op.RateSeconds = DefaultOpenStackRate
+	}
+	p.Rate = 0
+	if op.RateSeconds > 0 {
+		p.Rate = 1 / op.RateSeconds
 	}
 	if op.ImageNameFormat == "" {
 		op.ImageNameFormat = DefaultImageNameFormat
@@ -234,6 +234,9 @@ func (c *Config) validateOpenStack(d *decoder, i int, at func(...any) *yaml.Node
 	path := indexPath("providers", i)
 	if strings.TrimSpace(p.Cloud) == "" {
 		d.fail(path, at(), "missing required key \"cloud\": the name of the cloud's entry in clouds.yaml")
+	}
+	if op.RateSeconds < 0 {
+		d.fail(path+".rate", at("rate"), "expected 0 (no pacing) or more seconds between API calls, got %g", op.RateSeconds)
 	}
 	if _, err := FormatImageName(op.ImageNameFormat, "image", time.Unix(0, 0)); err != nil {
 		d.fail(path+".image-name-format", at("image-name-format"), "%v", err)
