@@ -68,8 +68,11 @@ func (t *pacedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // connect reads the cloud's entry of clouds.yaml (where openstacksdk looks
 // for it: OS_CLIENT_CONFIG_FILE, the current folder, ~/.config/openstack/,
 // /etc/openstack/), logs in and finds the services.
-func connect(ctx context.Context, cloud, region string, transport *pacedTransport) (*clients, error) {
+func connect(ctx context.Context, cloud, region, cloudsFile string, transport *pacedTransport) (*clients, error) {
 	opts := []clouds.ParseOption{clouds.WithCloudName(cloud)}
+	if cloudsFile != "" {
+		opts = append(opts, clouds.WithLocations(cloudsFile))
+	}
 	if region != "" {
 		opts = append(opts, clouds.WithRegion(region))
 	}

@@ -46,11 +46,12 @@ const catalogTTL = 10 * time.Minute
 
 // Provider is one configured openstack provider.
 type Provider struct {
-	cfg       *config.Provider
-	top       *config.Config
-	log       *slog.Logger
-	pacer     pacer
-	transport *pacedTransport
+	cfg        *config.Provider
+	top        *config.Config
+	cloudsFile string // "" : where openstacksdk looks
+	log        *slog.Logger
+	pacer      pacer
+	transport  *pacedTransport
 
 	connMu sync.Mutex
 	cl     *clients
@@ -81,14 +82,24 @@ type cached struct {
 	at time.Time
 }
 
+// Option changes how New sets a provider up.
+type Option func(*Provider)
+
+// WithCloudsFile reads the cloud's entry from this clouds.yaml instead of
+// looking where openstacksdk looks (tests run several clouds at once).
+func WithCloudsFile(path string) Option { return func(p *Provider) { p.cloudsFile = path } }
+
 // New makes the driver of an openstack provider and logs in to its cloud
 // in the background (waiting up to a few seconds for the first login, so
 // that the flavors are known when the launcher starts).
-func New(ctx context.Context, cfg *config.Config, pc *config.Provider, log *slog.Logger) (*Provider, error) {
+func New(ctx context.Context, cfg *config.Config, pc *config.Provider, log *slog.Logger, opts ...Option) (*Provider, error) {
 	if pc.Driver != "openstack" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not openstack", pc.Name, pc.Driver)
 	}
 	p := &Provider{cfg: pc, top: cfg, log: log.With("provider", pc.Name, "cloud", pc.Cloud), names: map[string]cached{}}
+	for _, o := range opts {
+		o(p)
+	}
 	p.transport = &pacedTransport{pacer: &p.pacer}
 	p.watch = newServerWatch(p)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -149,7 +160,7 @@ func (p *Provider) client(ctx context.Context) (*clients, error) {
 	if p.cl != nil {
 		return p.cl, nil
 	}
-	cl, err := connect(ctx, p.cfg.Cloud, p.cfg.RegionName, p.transport)
+	cl, err := connect(ctx, p.cfg.Cloud, p.cfg.RegionName, p.cloudsFile, p.transport)
 	if err != nil {
 		return nil, err
 	}
