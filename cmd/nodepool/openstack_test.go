@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/events"
+	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/sshtest"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// startDevCloud runs an OpenStack on loopback for launcher processes and
+// returns it with the environment that points them at it.
+func startDevCloud(t *testing.T, opts devos.Options) (*devos.Server, map[string]string) {
+	t.Helper()
+	srv, err := devos.Start("127.0.0.1:0", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	file := filepath.Join(t.TempDir(), "clouds.yaml")
+	if err := os.WriteFile(file, []byte(srv.CloudsYAML("dev")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return srv, map[string]string{"OS_CLIENT_CONFIG_FILE": file}
+}
+
+// The kill test against the OpenStack on loopback: servers with floating
+// IPs and host-key scans (of one SSH server every server leads to), 5%
+// of them ERROR for No valid host.
+func TestKillOpenStackLaunchersUnderLoad(t *testing.T) {
+	t.Parallel()
+	ssh := sshtest.Start(t, sshtest.Ed25519)
+	q := devos.Quota{Instances: 45, Cores: -1, RAM: -1, Volumes: -1, Gigabytes: -1, FloatingIPs: -1}
+	cloud, env := startDevCloud(t, devos.Options{BootTime: 300 * time.Millisecond, DeleteTime: 100 * time.Millisecond,
+		Latency: 5 * time.Millisecond, ErrorRate: 0.05, Quota: &q, HostIP: "127.0.0.1"})
+	config := fmt.Sprintf(`
+labels:
+  - name: small
+    min-ready: 2
+    max-ready-age: 5
+  - name: medium
+    max-ready-age: 2
+  - name: big
+    max-ready-age: 2
+providers:
+  - name: cloud1
+    cloud: dev
+    rate: 0
+    launch-retries: 3
+    port-cleanup-interval: 5
+    cloud-images:
+      - name: cirros
+        image-name: cirros-0.6.2-x86_64-disk
+        connection-port: %d
+    pools:
+      - name: main
+        max-servers: 30
+        labels:
+          - {name: small, cloud-image: cirros, flavor-name: m1.tiny}
+          - {name: medium, cloud-image: cirros, flavor-name: m1.small}
+          - {name: big, cloud-image: cirros, flavor-name: m1.medium}
+      - name: spare
+        priority: 200
+        max-servers: 10
+        labels:
+          - {name: small, cloud-image: cirros, flavor-name: m1.tiny}
+          - {name: medium, cloud-image: cirros, flavor-name: m1.small}
+`, ssh.Port)
+	killUnderLoad(t, killCloud{config: config, env: env, instances: func(*records) map[string]string {
+		out := map[string]string{}
+		for _, s := range cloud.Servers() {
+			if !s.Deleting {
+				out[s.ID] = s.Metadata["nodepool_node_id"]
+			}
+		}
+		return out
+	}}, 120)
+	// Every floating IP left is a ready node's.
+	if fips, servers := cloud.FloatingIPs(), cloud.Servers(); len(fips) != len(servers) {
+		t.Errorf("%d floating IPs for %d servers: %+v", len(fips), len(servers), fips)
+	}
+}
+
+// A launch whose process is killed (SIGKILL) after it created the server
+// is resumed by another process from the node's driver_data: the node
+// becomes ready with that server, and no second server is made.
+func TestOpenStackLaunchResumedAfterKill(t *testing.T) {
+	t.Parallel()
+	cloud, env := startDevCloud(t, devos.Options{BootTime: 3 * time.Second})
+	srv := natstest.Start(t)
+	url := srv.ClientURL()
+	cfg := writeConfig(t, `
+labels: [{name: small}]
+providers:
+  - name: cloud1
+    cloud: dev
+    cloud-images: [{name: cirros, image-name: cirros-0.6.2-x86_64-disk}]
+    pools:
+      - name: main
+        host-key-checking: false
+        labels: [{name: small, cloud-image: cirros, min-ram: 512}]
+`)
+	procEnv := func(id string) map[string]string {
+		e := map[string]string{"NODEPOOL_NATS_URL": url, "NODEPOOL_ID": id, "NODEPOOL_ROLES": "launcher",
+			"NODEPOOL_HTTP_ADDR": "", "NODEPOOL_LEASE_TTL": "2s", "NODEPOOL_SYNC_INTERVAL": "500ms"}
+		for k, v := range env {
+			e[k] = v
+		}
+		return e
+	}
+	first := startRun(t, procEnv("first"), "-c", cfg)
+	first.waitLog("launcher running", 60*time.Second)
+	rec := watchRecords(t, url, "")
+	if _, err := rec.client.Submit(t.Context(), events.RequestMessage{ID: "r1", Labels: []string{"small"}, Requestor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	var node kv.Node
+	rec.until(60*time.Second, "the server is created and recorded", func() bool {
+		found := false
+		rec.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			if e.Value.State == kv.NodeBuilding && e.Value.ExternalID != "" {
+				node, found = e.Value, true
+			}
+			return !found
+		})
+		return found
+	})
+	if err := first.stop(syscall.SIGKILL, 30*time.Second); err == nil {
+		t.Log("first launcher killed")
+	}
+	if s := cloud.Servers(); len(s) != 1 || s[0].Status != "BUILD" {
+		t.Fatalf("the server should still boot when its launcher dies: %+v", s)
+	}
+	second := startRun(t, procEnv("second"), "-c", cfg)
+	second.waitLog("launcher running", 60*time.Second)
+	rec.until(60*time.Second, "the request is fulfilled", func() bool {
+		r, ok := rec.requests.Get("r1")
+		return ok && r.Value.State == kv.RequestFulfilled
+	})
+	e, _ := rec.nodes.Get(node.ID)
+	if e.Value.State != kv.NodeReady || e.Value.ExternalID != node.ExternalID || e.Value.Launcher != "second" {
+		t.Errorf("node after the resume: state %s, server %s (was %s), launcher %s", e.Value.State, e.Value.ExternalID, node.ExternalID, e.Value.Launcher)
+	}
+	if s := cloud.Servers(); len(s) != 1 {
+		t.Errorf("%d servers: %+v", len(s), s)
+	}
+	_ = second.stop(syscall.SIGTERM, 30*time.Second)
+}
