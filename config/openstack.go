@@ -36,7 +36,7 @@ type OpenStackProvider struct {
 	// per second.
 	RateSeconds     float64 `yaml:"rate" drivers:"openstack"`
 	RegionName      string  `yaml:"region-name" drivers:"openstack"`
-	ImageNameFormat string `yaml:"image-name-format" drivers:"openstack"`
+	ImageNameFormat string  `yaml:"image-name-format" drivers:"openstack"`
 	// PostUploadHook runs after an upload, before the image is used:
 	// HOOK PROVIDER EXTERNAL_IMAGE_ID LOCAL_IMAGE_FILENAME; a failure
 	// deletes the image.

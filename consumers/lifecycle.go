@@ -412,4 +412,3 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 		}
 	}
 }
-

@@ -225,4 +225,3 @@ func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider)
 		n.ImageID = inst.ImageID
 	}
 }
-
