@@ -188,7 +188,13 @@ func (m *createMachine) imageRef(ctx context.Context, cl *clients, pl *config.Po
 	if !ok {
 		return "", fmt.Errorf("label %s: cloud image %q is not in the provider's cloud-images", pl.Name, pl.CloudImage)
 	}
-	return m.p.resolve(ctx, "image", ci.Ref(), m.p.findImage(cl))
+	switch {
+	case ci.ImageName != "":
+		return m.p.resolve(ctx, "image-name", ci.ImageName, m.p.findImageByName(cl))
+	case ci.ImageID != "":
+		return ci.ImageID, nil
+	}
+	return m.p.resolve(ctx, "image", ci.Name, m.p.findImage(cl))
 }
 
 func (m *createMachine) createVolume(ctx context.Context, cl *clients, pl *config.PoolLabel) (drivers.Step, error) {
@@ -287,7 +293,13 @@ func (m *createMachine) createServer(ctx context.Context, cl *clients, pool *con
 		}
 		if errors.Is(err, drivers.ErrNotFound) {
 			// The image or network went away: look it up again next time.
-			p.forget("image", pl.CloudImage)
+			if ci, ok := p.cfg.CloudImage(pl.CloudImage); ok {
+				p.forget("image-name", ci.ImageName)
+				p.forget("image", ci.Name)
+			}
+			for _, n := range pool.LabelNetworks(pl) {
+				p.forget("network", n)
+			}
 		}
 		return drivers.Step{}, wrapf(err, "creating server %s", m.req.Hostname)
 	}

@@ -82,6 +82,11 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		for _, v := range s.AttachedVolumes {
 			m.st.Volumes = append(m.st.Volumes, v.ID)
 		}
+		m.st.Step = delRelease
+		if !p.createsFloatingIPs() && !hasFloatingIP(s) {
+			// Nodepool made no floating IP for it: no need to look.
+			return drivers.Step{}, nil
+		}
 		pages, err := ports.List(cl.network, ports.ListOpts{DeviceID: s.ID}).AllPages(ctx)
 		if err != nil {
 			return drivers.Step{}, wrapf(err, "listing the ports of server %s", s.ID)
@@ -103,7 +108,6 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 				m.st.FloatingIPs = append(m.st.FloatingIPs, f.ID)
 			}
 		}
-		m.st.Step = delRelease
 		return drivers.Step{}, nil
 	case delRelease:
 		for len(m.st.FloatingIPs) > 0 {
@@ -182,4 +186,28 @@ func deleteVolume(ctx context.Context, cl *clients, id string) (wait bool, err e
 		return false, wrapf(err, "deleting volume %s", id)
 	}
 	return true, nil
+}
+
+// createsFloatingIPs reports whether a pool of the provider gives its
+// nodes floating IPs.
+func (p *Provider) createsFloatingIPs() bool {
+	for i := range p.cfg.Pools {
+		if p.cfg.Pools[i].AutoFloatingIPs() {
+			return true
+		}
+	}
+	return false
+}
+
+// hasFloatingIP reports whether a server shows a floating address.
+func hasFloatingIP(s *servers.Server) bool {
+	for _, list := range s.Addresses {
+		items, _ := list.([]any)
+		for _, item := range items {
+			if a, _ := item.(map[string]any); a["OS-EXT-IPS:type"] == "floating" {
+				return true
+			}
+		}
+	}
+	return false
 }

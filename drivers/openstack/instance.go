@@ -142,25 +142,27 @@ func (p *Provider) loadExternalNames(ctx context.Context, cl *clients) error {
 	if fresh {
 		return nil
 	}
-	pages, err := networks.List(cl.network, networks.ListOpts{}).AllPages(ctx)
-	if err != nil {
-		return wrapf(err, "listing networks")
-	}
-	var all []struct {
-		Name     string `json:"name"`
-		External bool   `json:"router:external"`
-	}
-	if err := networks.ExtractNetworksInto(pages, &all); err != nil {
-		return fmt.Errorf("reading networks: %w", err)
-	}
-	ext := map[string]bool{}
-	for _, n := range all {
-		if n.External {
-			ext[n.Name] = true
+	return p.lookups.do(ctx, "external-networks", func() error {
+		pages, err := networks.List(cl.network, networks.ListOpts{}).AllPages(ctx)
+		if err != nil {
+			return wrapf(err, "listing networks")
 		}
-	}
-	p.catMu.Lock()
-	p.external, p.externalAt = ext, time.Now()
-	p.catMu.Unlock()
-	return nil
+		var all []struct {
+			Name     string `json:"name"`
+			External bool   `json:"router:external"`
+		}
+		if err := networks.ExtractNetworksInto(pages, &all); err != nil {
+			return fmt.Errorf("reading networks: %w", err)
+		}
+		ext := map[string]bool{}
+		for _, n := range all {
+			if n.External {
+				ext[n.Name] = true
+			}
+		}
+		p.catMu.Lock()
+		p.external, p.externalAt = ext, time.Now()
+		p.catMu.Unlock()
+		return nil
+	})
 }

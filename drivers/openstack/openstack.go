@@ -70,6 +70,8 @@ type Provider struct {
 	sweep sweepState
 	// scanErrs holds the last failed host-key scan of servers, by id.
 	scanErrs sync.Map
+	// lookups share the catalog lookups that run at once.
+	lookups flights
 
 	// bg lives as long as the provider: background work runs under it.
 	bg   context.Context
@@ -184,18 +186,23 @@ func (p *Provider) poolLabel(pool, label string) (*config.Pool, *config.PoolLabe
 
 // loadFlavors reads the cloud's flavors.
 func (p *Provider) loadFlavors(ctx context.Context, cl *clients) ([]flavors.Flavor, error) {
-	pages, err := flavors.ListDetail(cl.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
-	if err != nil {
-		return nil, wrapf(err, "listing flavors")
-	}
-	fl, err := flavors.ExtractFlavors(pages)
-	if err != nil {
-		return nil, err
-	}
+	err := p.lookups.do(ctx, "flavors", func() error {
+		pages, err := flavors.ListDetail(cl.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
+		if err != nil {
+			return wrapf(err, "listing flavors")
+		}
+		fl, err := flavors.ExtractFlavors(pages)
+		if err != nil {
+			return err
+		}
+		p.catMu.Lock()
+		p.flavors, p.flavorsAt = fl, time.Now()
+		p.catMu.Unlock()
+		return nil
+	})
 	p.catMu.Lock()
-	p.flavors, p.flavorsAt = fl, time.Now()
-	p.catMu.Unlock()
-	return fl, nil
+	defer p.catMu.Unlock()
+	return p.flavors, err
 }
 
 // chooseFlavor picks a label's flavor as Nodepool does: with min-ram, the
@@ -382,25 +389,30 @@ func (p *Provider) availabilityZones(ctx context.Context, cl *clients, pool *con
 	if azs != nil && time.Since(at) < catalogTTL {
 		return azs, nil
 	}
-	pages, err := availabilityzones.List(cl.compute).AllPages(ctx)
-	if err != nil {
-		return nil, wrapf(err, "listing availability zones")
-	}
-	infos, err := availabilityzones.ExtractAvailabilityZones(pages)
-	if err != nil {
-		return nil, err
-	}
-	azs = []string{}
-	for _, z := range infos {
-		if z.ZoneState.Available {
-			azs = append(azs, z.ZoneName)
+	err := p.lookups.do(ctx, "availability-zones", func() error {
+		pages, err := availabilityzones.List(cl.compute).AllPages(ctx)
+		if err != nil {
+			return wrapf(err, "listing availability zones")
 		}
-	}
-	slices.Sort(azs)
+		infos, err := availabilityzones.ExtractAvailabilityZones(pages)
+		if err != nil {
+			return err
+		}
+		azs := []string{}
+		for _, z := range infos {
+			if z.ZoneState.Available {
+				azs = append(azs, z.ZoneName)
+			}
+		}
+		slices.Sort(azs)
+		p.catMu.Lock()
+		p.azs, p.azsAt = azs, time.Now()
+		p.catMu.Unlock()
+		return nil
+	})
 	p.catMu.Lock()
-	p.azs, p.azsAt = azs, time.Now()
-	p.catMu.Unlock()
-	return azs, nil
+	defer p.catMu.Unlock()
+	return p.azs, err
 }
 
 // chooseAZ picks a node's availability zone as Nodepool spreads them: at
@@ -432,14 +444,22 @@ func (p *Provider) resolve(ctx context.Context, kind, ref string, find func(ctx 
 	if ok && time.Since(c.at) < catalogTTL {
 		return c.id, nil
 	}
-	id, err := find(ctx, ref)
+	err := p.lookups.do(ctx, key, func() error {
+		id, err := find(ctx, ref)
+		if err != nil {
+			return err
+		}
+		p.catMu.Lock()
+		p.names[key] = cached{id: id, at: time.Now()}
+		p.catMu.Unlock()
+		return nil
+	})
 	if err != nil {
 		return "", err
 	}
 	p.catMu.Lock()
-	p.names[key] = cached{id: id, at: time.Now()}
-	p.catMu.Unlock()
-	return id, nil
+	defer p.catMu.Unlock()
+	return p.names[key].id, nil
 }
 
 // forget drops a remembered id (the image or network is gone).
@@ -460,6 +480,13 @@ func (p *Provider) findImage(cl *clients) func(ctx context.Context, ref string) 
 		} else if err = classify(err); !errors.Is(err, drivers.ErrNotFound) && !statusIs(err, 400) {
 			return "", fmt.Errorf("looking up image %s: %w", ref, err)
 		}
+		return p.findImageByName(cl)(ctx, ref)
+	}
+}
+
+// findImageByName finds the one active image of a name.
+func (p *Provider) findImageByName(cl *clients) func(ctx context.Context, ref string) (string, error) {
+	return func(ctx context.Context, ref string) (string, error) {
 		pages, err := images.List(cl.image, images.ListOpts{Name: ref, Status: images.ImageStatusActive}).AllPages(ctx)
 		if err != nil {
 			return "", wrapf(err, "looking up image %s", ref)

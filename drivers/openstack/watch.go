@@ -17,14 +17,16 @@ import (
 // server per poll: one listing of what changed since the last one (Nova's
 // changes-since) serves every booting and deleting server and the
 // launcher's instance listings. A listing starts at most every
-// pollInterval; a full listing now and then repairs anything a delta
-// listing could miss.
+// pollInterval, or every two listing durations when listings grow long
+// (so that listing takes at most half of the time); a full listing now
+// and then repairs anything a delta listing could miss.
 const (
 	pollInterval  = 250 * time.Millisecond
 	fullListEvery = time.Minute
 	// changesMargin is taken off the cloud's clock (the Date of the last
-	// listing, to the second) for the next changes-since.
-	changesMargin = 2 * time.Second
+	// listing, to the second, less the listing's own duration) for the
+	// next changes-since: Nova's times are to the second.
+	changesMargin = time.Second
 )
 
 type serverWatch struct {
@@ -37,6 +39,7 @@ type serverWatch struct {
 	cloudAt   time.Time // the cloud's Date of the last good listing
 	fullAt    time.Time
 	lastStart time.Time
+	lastTook  time.Duration
 	running   *refresh
 }
 
@@ -105,16 +108,16 @@ func (w *serverWatch) run(r *refresh) {
 	stop := context.AfterFunc(w.bgDone(), cancel)
 	defer stop()
 	w.mu.Lock()
-	next := w.lastStart.Add(pollInterval)
+	next := w.lastStart.Add(max(pollInterval, 2*w.lastTook))
 	full := !w.synced || time.Since(w.fullAt) > fullListEvery
-	since := w.cloudAt.Add(-changesMargin)
+	since := w.cloudAt.Add(-changesMargin - w.lastTook)
 	w.mu.Unlock()
 	wait.Sleep(ctx, time.Until(next))
 	start := time.Now()
 	got, date, err := w.list(ctx, full, since)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.lastStart = start
+	w.lastStart, w.lastTook = start, time.Since(start)
 	w.running = nil
 	r.err = err
 	defer close(r.done)
