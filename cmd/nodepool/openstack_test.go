@@ -1,12 +1,20 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	gcos "github.com/gophercloud/gophercloud/v2/openstack"
+	gcconfig "github.com/gophercloud/gophercloud/v2/openstack/config"
+	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"github.com/nodepool-nats/nodepool/events"
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
@@ -152,4 +160,103 @@ providers:
 		t.Errorf("%d servers: %+v", len(s), s)
 	}
 	_ = second.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// Images on OpenStack through `nodepool run`: a build is uploaded to
+// Glance (named by image-name-format, with meta), a node of its label
+// boots from the upload and is reached as the diskimage says, and an image
+// tagged as ours that no upload accounts for is an alien.
+func TestOpenStackImages(t *testing.T) {
+	t.Parallel()
+	cloud, cloudEnv := startDevCloud(t, devos.Options{BootTime: 100 * time.Millisecond})
+	dir := t.TempDir()
+	cfg := writeConfig(t, fmt.Sprintf(`
+diskimages:
+  - name: debian
+    dib-cmd: %s
+    env-vars: {FAKE_DIB_COUNT: %s/count}
+    username: debian
+    python-path: /usr/bin/python3
+labels: [{name: debian}]
+providers:
+  - name: cloud1
+    cloud: dev
+    image-name-format: "np-{image_name}-{timestamp}"
+    diskimages:
+      - name: debian
+        meta: {os_distro: debian}
+        connection-port: 2022
+    pools:
+      - name: main
+        host-key-checking: false
+        auto-floating-ip: false
+        labels: [{name: debian, diskimage: debian, min-ram: 1024}]
+`, fakeDib(t), dir))
+	port := freePort(t)
+	env := runEnv(t, t.TempDir(), port)
+	env["NODEPOOL_SYNC_INTERVAL"] = "5s"
+	for k, v := range cloudEnv {
+		env[k] = v
+	}
+	p := startRun(t, env, "-c", cfg)
+	p.waitLog("builder running", 30*time.Second)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	cli := map[string]string{"NODEPOOL_NATS_URL": url, "NODEPOOL_CONFIG": cfg}
+	for k, v := range cloudEnv {
+		cli[k] = v
+	}
+	rec := watchImages(t, url)
+	out, errOut, code := nodepool(t, cli, "request", "--json", "--timeout", "60s", "debian")
+	if code != 0 {
+		t.Fatalf("request: %s", errOut)
+	}
+	var nodes []kv.Node
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	ups := rec.readyUploads("debian", "cloud1")
+	if len(ups) != 1 || nodes[0].ImageID != ups[0].ExternalID || !strings.HasPrefix(ups[0].ExternalName, "np-debian-") {
+		t.Fatalf("node booted from %q; uploads %+v", nodes[0].ImageID, ups)
+	}
+	n := nodes[0]
+	if n.Username != "debian" || n.PythonPath != "/usr/bin/python3" || n.ConnectionPort != 2022 || n.ConnectionType != "ssh" {
+		t.Errorf("node: username %q python %q connection %s:%d", n.Username, n.PythonPath, n.ConnectionType, n.ConnectionPort)
+	}
+	var img devos.ImageInfo
+	for _, i := range cloud.Images() {
+		if i.ID == ups[0].ExternalID {
+			img = i
+		}
+	}
+	if img.Status != "active" || img.Properties["os_distro"] != "debian" || img.Properties["nodepool_upload_id"] != ups[0].Key() {
+		t.Errorf("image in Glance: %+v", img)
+	}
+	// An alien: tagged as ours, no upload record.
+	alien, err := images.Create(t.Context(), glance(t, cloudEnv), images.CreateOpts{Name: "debian-leaked", DiskFormat: "qcow2", ContainerFormat: "bare",
+		Properties: map[string]string{"nodepool_provider_name": "cloud1", "nodepool_upload_id": "debian.0000000009.cloud1.0000000042"}}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = nodepool(t, cli, "alien-image-list")
+	if code != 0 || !strings.Contains(out, alien.ID) || strings.Contains(out, ups[0].ExternalID) {
+		t.Errorf("alien-image-list: %d %s\n%s", code, errOut, out)
+	}
+}
+
+// glance is an image service client of the dev cloud.
+func glance(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
+	t.Helper()
+	ao, eo, _, err := clouds.Parse(clouds.WithCloudName("dev"), clouds.WithLocations(env["OS_CLIENT_CONFIG_FILE"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := gcconfig.NewProviderClient(t.Context(), ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := gcos.NewImageV2(pc, eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
