@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -349,8 +350,10 @@ func (b *Builder) running(key string) bool {
 }
 
 // Lease keys and local claim keys of builds and uploads.
-func buildLease(image string) string            { return "build." + image }
-func uploadLease(image, provider string) string { return "upload." + image + "." + provider }
+func buildLease(image string) string { return "build." + token.Encode(image) }
+func uploadLease(image, provider string) string {
+	return "upload." + token.Encode(image) + "." + token.Encode(provider)
+}
 func buildClaim(image string) string            { return "build/" + image }
 func uploadClaim(image, provider string) string { return "upload/" + image + "/" + provider }
 
@@ -360,7 +363,7 @@ func (b *Builder) paused(di *config.Diskimage) bool {
 	if di.Pause {
 		return true
 	}
-	e, ok := b.images.Get(di.Name)
+	e, ok := b.images.Get(kv.DiskImageKey(di.Name))
 	return ok && e.Value.Paused
 }
 

@@ -84,13 +84,13 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		}
 	}()
 
-	builds, err := b.img.Builds.Filtered(image + ".*").List(ctx)
+	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the builds; trying later", "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	uploads, err := b.img.Uploads.Filtered(image + ".*." + provider + ".*").List(ctx)
+	uploads, err := b.img.Uploads.Filtered(kv.UploadKeys(image, provider)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the uploads; trying later", "err", err)
 		_ = msg.NakWithDelay(time.Second)

@@ -62,7 +62,7 @@ func Connect(ctx context.Context, s config.Settings) (*Client, error) {
 	url, opts := ConnectOptions(s, "nodepool-client")
 	nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(2))...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS at %s (is `nodepool run` up, or NODEPOOL_NATS_URL set?): %w", url, err)
+		return nil, fmt.Errorf("connecting to NATS at %s (is `nodepool run` up, or NODEPOOL_NATS_URL set?): %w", config.RedactURLs(url), err)
 	}
 	c, err := New(ctx, nc)
 	if err != nil {

@@ -48,8 +48,6 @@ type OpenStackProvider struct {
 	// are tagged with it and only instances carrying it count as ours.
 	NodepoolID  string                `yaml:"nodepool-id" drivers:"openstack"`
 	CloudImages []OpenStackCloudImage `yaml:"cloud-images" drivers:"openstack"`
-
-	set map[string]bool // keys given explicitly
 }
 
 // OpenStackCloudImage is an entry of an openstack provider's cloud-images:
@@ -79,13 +77,11 @@ func (ci *OpenStackCloudImage) Ref() string {
 }
 
 // OpenStackDiskimage holds the keys an openstack provider's diskimages
-// entry adds.
+// entry adds (connection-type and -port are ProviderDiskimage's).
 type OpenStackDiskimage struct {
 	// Meta becomes Glance image properties of the uploads.
-	Meta           map[string]string `yaml:"meta" drivers:"openstack"`
-	ConfigDrive    *bool             `yaml:"config-drive" drivers:"openstack"`
-	ConnectionType string            `yaml:"connection-type" drivers:"openstack"`
-	ConnectionPort int               `yaml:"connection-port" drivers:"openstack"`
+	Meta        map[string]string `yaml:"meta" drivers:"openstack"`
+	ConfigDrive *bool             `yaml:"config-drive" drivers:"openstack"`
 }
 
 // OpenStackPool holds the keys only an openstack pool has.
@@ -94,10 +90,12 @@ type OpenStackPool struct {
 	SecurityGroups      []string `yaml:"security-groups" drivers:"openstack"`
 	AvailabilityZones   []string `yaml:"availability-zones" drivers:"openstack"`
 	AutoFloatingIP      *bool    `yaml:"auto-floating-ip" drivers:"openstack"`
-	HostKeyChecking     *bool    `yaml:"host-key-checking" drivers:"openstack"`
+	CheckHostKeys       *bool    `yaml:"host-key-checking" drivers:"openstack"`
 	IgnoreProviderQuota bool     `yaml:"ignore-provider-quota" drivers:"openstack"`
-	MaxVolumes          int      `yaml:"max-volumes" drivers:"openstack"`
-	MaxVolumeGB         int      `yaml:"max-volume-gb" drivers:"openstack"`
+	// MaxVolumes and MaxVolumeGB are Unlimited when absent; 0 is a limit
+	// of zero.
+	MaxVolumes  int `yaml:"max-volumes" drivers:"openstack"`
+	MaxVolumeGB int `yaml:"max-volume-gb" drivers:"openstack"`
 }
 
 // OpenStackLabel holds the keys only an openstack pool's label has
@@ -113,8 +111,8 @@ type OpenStackLabel struct {
 	InstanceProperties        map[string]string `yaml:"instance-properties" drivers:"openstack"`
 	DynamicInstanceProperties map[string]string `yaml:"dynamic-instance-properties" drivers:"openstack"`
 	// HostKeyChecking and Networks override the pool's.
-	HostKeyChecking *bool    `yaml:"host-key-checking" drivers:"openstack"`
-	Networks        []string `yaml:"networks" drivers:"openstack"`
+	CheckHostKeys *bool    `yaml:"host-key-checking" drivers:"openstack"`
+	Networks      []string `yaml:"networks" drivers:"openstack"`
 }
 
 // CallsPerSecond is the provider's rate as calls per second, whatever the
@@ -141,10 +139,10 @@ func (op *OpenStackProvider) CloudImage(name string) (*OpenStackCloudImage, bool
 // scanned (the label's host-key-checking, else the pool's, default true).
 func (p *Pool) ChecksHostKeys(pl *PoolLabel) bool {
 	switch {
-	case pl.OpenStackLabel.HostKeyChecking != nil:
-		return *pl.OpenStackLabel.HostKeyChecking
-	case p.OpenStackPool.HostKeyChecking != nil:
-		return *p.OpenStackPool.HostKeyChecking
+	case pl.CheckHostKeys != nil:
+		return *pl.CheckHostKeys
+	case p.OpenStackPool.CheckHostKeys != nil:
+		return *p.OpenStackPool.CheckHostKeys
 	}
 	return true
 }
@@ -163,14 +161,10 @@ func (p *Pool) AutoFloatingIPs() bool {
 	return p.AutoFloatingIP == nil || *p.AutoFloatingIP
 }
 
-func (op *OpenStackProvider) noteSet(n *yaml.Node) {
-	op.set = explicitKeys(n, "rate", "port-cleanup-interval", "image-upload-timeout")
-}
-
-// applyOpenStackDefaults fills the keys an openstack provider left out.
-func (p *Provider) applyOpenStackDefaults() {
+// openstackDefaults fills the keys an openstack provider left out.
+func openstackDefaults(p *Provider) {
 	op := &p.OpenStackProvider
-	if !op.set["rate"] {
+	if !p.set["rate"] {
 		op.RateSeconds = DefaultOpenStackRate
 	}
 	p.Rate = 0
@@ -180,10 +174,10 @@ func (p *Provider) applyOpenStackDefaults() {
 	if op.ImageNameFormat == "" {
 		op.ImageNameFormat = DefaultImageNameFormat
 	}
-	if !op.set["port-cleanup-interval"] {
+	if !p.set["port-cleanup-interval"] {
 		op.PortCleanupInterval = Duration(DefaultPortCleanupInterval)
 	}
-	if !op.set["image-upload-timeout"] || op.ImageUploadTimeout == 0 {
+	if op.ImageUploadTimeout == 0 {
 		op.ImageUploadTimeout = Duration(DefaultImageUploadTimeout)
 	}
 	for i := range op.CloudImages {
@@ -201,18 +195,16 @@ func (p *Provider) applyOpenStackDefaults() {
 			ci.ConnectionPort = defaultConnectionPort(ci.ConnectionType)
 		}
 	}
-	for i := range p.Diskimages {
-		od := &p.Diskimages[i].OpenStackDiskimage
-		if od.ConnectionType == "" {
-			od.ConnectionType = DefaultCloudImageConnectionType
-		}
-		if od.ConnectionPort == 0 {
-			od.ConnectionPort = defaultConnectionPort(od.ConnectionType)
-		}
-	}
 	for j := range p.Pools {
-		for k := range p.Pools[j].Labels {
-			ol := &p.Pools[j].Labels[k].OpenStackLabel
+		pool := &p.Pools[j]
+		if !pool.set["max-volumes"] {
+			pool.MaxVolumes = Unlimited
+		}
+		if !pool.set["max-volume-gb"] {
+			pool.MaxVolumeGB = Unlimited
+		}
+		for k := range pool.Labels {
+			ol := &pool.Labels[k].OpenStackLabel
 			if ol.VolumeSize == 0 {
 				ol.VolumeSize = DefaultVolumeSize
 			}
@@ -228,7 +220,9 @@ func defaultConnectionPort(connectionType string) int {
 }
 
 // validateOpenStack checks what an openstack provider's keys must hold.
-func (c *Config) validateOpenStack(d *decoder, i int, at func(...any) *yaml.Node) {
+func validateOpenStack(c *Config, v *validation, i int) {
+	d := v
+	at := func(rest ...any) *yaml.Node { return v.at(append([]any{"providers", i}, rest...)...) }
 	p := &c.Providers[i]
 	op := &p.OpenStackProvider
 	path := indexPath("providers", i)
@@ -265,16 +259,11 @@ func (c *Config) validateOpenStack(d *decoder, i int, at func(...any) *yaml.Node
 		}
 		checkConn(cpath, cat, ci.ConnectionType, ci.ConnectionPort)
 	}
-	for j, pd := range p.Diskimages {
-		dpath := indexPath(path+".diskimages", j)
-		dat := func(rest ...any) *yaml.Node { return at(append([]any{"diskimages", j}, rest...)...) }
-		checkConn(dpath, dat, pd.ConnectionType, pd.ConnectionPort)
-	}
 	for j, pool := range p.Pools {
 		ppath := indexPath(path+".pools", j)
 		pat := func(rest ...any) *yaml.Node { return at(append([]any{"pools", j}, rest...)...) }
 		if pool.MaxVolumes < 0 || pool.MaxVolumeGB < 0 {
-			d.fail(ppath, pat(), "max-volumes and max-volume-gb must be 0 (no limit) or more")
+			d.fail(ppath, pat(), "max-volumes and max-volume-gb must be 0 or more")
 		}
 		for _, list := range []struct {
 			key   string

@@ -39,7 +39,7 @@ providers:
         pause: false
     cloud-images:
       - name: windows-external
-        image-id: 1234
+        image-id: "1234"
         config-drive: false
         username: Administrator
         python-path: /usr/bin/python3
@@ -270,7 +270,7 @@ providers:
     boot-delay: 1
     cloud-images: [{name: c}]
     pools: [{name: main, labels: [{name: a, cloud-image: c, flavor-name: f}]}]
-`, `nodepool.yaml:6: providers[0].boot-delay: unknown key`},
+`, `nodepool.yaml:6: providers[0].boot-delay: the openstack driver has no such key (it is a key of the fake driver)`},
 		{"wrong type", `
 labels: [{name: a}]
 providers:

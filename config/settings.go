@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -118,3 +119,27 @@ func (s *Settings) HasRole(role string) bool { return slices.Contains(s.Roles, r
 
 // Embedded reports whether the process starts its own NATS server.
 func (s *Settings) Embedded() bool { return s.NatsURL == "" }
+
+// RedactURLs returns a comma-separated list of NATS URLs with the secret
+// of each replaced by "xxxxx", for logs and error messages: a URL may carry
+// a user and password (nats://user:password@host:4222) or a token
+// (nats://token@host:4222).
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err == nil && u.User == nil:
+		case err == nil:
+			if _, ok := u.User.Password(); ok {
+				parts[i] = u.Redacted()
+			} else {
+				u.User = url.User("xxxxx")
+				parts[i] = u.String()
+			}
+		case strings.Contains(p, "@"):
+			parts[i] = "(a URL that does not parse)"
+		}
+	}
+	return strings.Join(parts, ",")
+}

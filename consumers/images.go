@@ -61,6 +61,29 @@ func (ix *imageIndex) newest(image, provider string) (kv.ImageUpload, bool) {
 	return kv.NewestReadyUpload(uploads, image, provider)
 }
 
+// upload returns the ready upload of an image to a provider whose cloud
+// image is externalID, or else the newest one.
+func (ix *imageIndex) upload(image, provider, externalID string) (kv.ImageUpload, bool) {
+	if ix == nil {
+		return kv.ImageUpload{}, false
+	}
+	var found *kv.ImageUpload
+	if externalID != "" {
+		ix.uploads.Range(func(e *kv.Entry[kv.ImageUpload]) bool {
+			u := e.Value
+			if u.Image == image && u.Provider == provider && u.ExternalID == externalID {
+				found = &u
+				return false
+			}
+			return true
+		})
+	}
+	if found != nil {
+		return *found, true
+	}
+	return ix.newest(image, provider)
+}
+
 // imageWatch signals changes of the uploads (nil-safe).
 type imageWatch struct {
 	ix  *imageIndex

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"sync"
@@ -192,13 +193,13 @@ func (l *Launcher) Run(ctx context.Context) error {
 		for j := range prov.Pools {
 			pool := &prov.Pools[j]
 			s := newScheduler(l, prov, pool)
-			lease := kv.NewLease(l.b.Locks, "pool."+prov.Name+"."+pool.Name, l.opts.ID, l.opts.LeaseTTL, l.log)
+			lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log)
 			wg.Go(func() { lease.Elect(ctx, s.run) })
 		}
 	}
 	for name, drv := range l.opts.Providers {
 		if m, ok := drivers.As[drivers.Manager](drv); ok {
-			lease := kv.NewLease(l.b.Locks, "provider."+name, l.opts.ID, l.opts.LeaseTTL, l.log)
+			lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log)
 			wg.Go(func() { lease.Elect(ctx, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }) })
 		}
 	}

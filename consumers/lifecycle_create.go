@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -111,7 +110,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		if step.Done {
 			inst := step.Instance
 			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				fillFromInstance(x, inst, prov)
+				l.fillFromInstance(x, inst, prov)
 				x.DriverData = sm.State()
 				x.Attempt = n.Attempt
 				x.Reason = ""
@@ -201,27 +200,4 @@ func containsID(ids []string, id string) bool {
 		}
 	}
 	return false
-}
-
-func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider) {
-	n.ExternalID = inst.ExternalID
-	if inst.Name != "" {
-		n.Hostname = inst.Name
-	}
-	n.Cloud = prov.Cloud
-	n.Region, n.AZ = inst.Region, inst.AZ
-	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
-	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
-	if inst.PythonPath != "" {
-		n.PythonPath = inst.PythonPath
-	}
-	if inst.ShellType != "" {
-		n.ShellType = inst.ShellType
-	}
-	if inst.HostKeys != nil {
-		n.HostKeys = inst.HostKeys
-	}
-	if inst.ImageID != "" {
-		n.ImageID = inst.ImageID
-	}
 }

@@ -22,27 +22,39 @@ func nodeSize(n *kv.Node) kv.Resources {
 	return r
 }
 
-// orUnlimited turns a zero limit into no limit.
-func orUnlimited(v int) int {
-	if v <= 0 {
+// limit turns a configured limit into one the scheduler counts with:
+// config.Unlimited (the key was not written) is no limit, and a limit
+// below zero is zero (as in Nodepool, where max-servers below 0 disables
+// a pool).
+func limit(v int) int {
+	switch {
+	case v == config.Unlimited:
 		return drivers.Unlimited
+	case v < 0:
+		return 0
 	}
 	return v
 }
 
 // poolLimits are the pool's own limits.
 func poolLimits(p *config.Pool) kv.Resources {
-	servers := p.MaxServers
-	if servers == config.Unlimited {
-		servers = drivers.Unlimited
-	}
-	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM),
-		Volumes: orUnlimited(p.MaxVolumes), VolumeGB: orUnlimited(p.MaxVolumeGB)}
+	return kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM),
+		Volumes: limit(p.MaxVolumes), VolumeGB: limit(p.MaxVolumeGB)}
 }
 
+// tenantLimits are a tenant's limits: servers, cores, RAM, and the
+// volumes (max-volumes, max-volume-gb) OpenStack nodes booted from volumes
+// hold; other keys are limits of drivers this build does not count.
 func tenantLimits(tl config.TenantLimit) kv.Resources {
-	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM),
+	r := kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM),
 		Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
+	if v, ok := tl.Resources["max-volumes"]; ok {
+		r.Volumes = limit(v)
+	}
+	if v, ok := tl.Resources["max-volume-gb"]; ok {
+		r.VolumeGB = limit(v)
+	}
+	return r
 }
 
 // unlimited is a quota that is never reached.

@@ -40,14 +40,20 @@ type scheduler struct {
 	// interval.
 	sizes   map[string]kv.Resources
 	unsized map[string]bool
+	// disabled are the pool's labels with min-ready below 0 (its value):
+	// no node of them is created.
+	disabled map[string]int
 }
 
 func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *scheduler {
-	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}}
+	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}, disabled: map[string]int{}}
 	s.unsized = map[string]bool{}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
 		s.unsized[pl.Name] = true
+		if lb, ok := l.opts.Config.Label(pl.Name); ok && lb.Disabled() {
+			s.disabled[pl.Name] = lb.MinReady
+		}
 	}
 	s.readSizes()
 	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])

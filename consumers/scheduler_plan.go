@@ -222,10 +222,16 @@ func newNodeID() string {
 // a label it does not provide, or more than its whole quota, its
 // provider's whole quota or the tenant's limits.
 func (t *term) cannotServe(r *kv.Request) string {
+	if t.pool.Disabled() {
+		return fmt.Sprintf("the pool is disabled (max-servers: %d)", t.pool.MaxServers)
+	}
 	var all kv.Resources
 	for _, label := range r.Labels {
 		if !t.labels[label] {
 			return fmt.Sprintf("label %s is not in this pool", label)
+		}
+		if mr, off := t.disabled[label]; off {
+			return fmt.Sprintf("label %s is disabled (min-ready: %d)", label, mr)
 		}
 		all = all.Add(t.sizes[label])
 	}

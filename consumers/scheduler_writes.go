@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -172,7 +173,7 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
-		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
+		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,
 		Created: now, StateTime: now, Attempt: 1,
 	}
 	_, err = s.l.nodes.Create(ctx, n.ID, n)

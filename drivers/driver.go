@@ -48,6 +48,14 @@ type Resources = kv.Resources
 const Unlimited = int(^uint(0) >> 2)
 
 // Instance is a machine as a driver sees it.
+//
+// Username, ConnectionType, ConnectionPort, PythonPath and ShellType are
+// how a consumer reaches and uses the machine, when the driver knows it
+// (the cloud image's settings, a static host's, a backing node's); the
+// launcher copies each one that is set into the node record over what the
+// label's diskimage (or the defaults) gave, as Nodepool layers them.
+// Attributes are the node's defaults of `attributes` (a backing node's);
+// the pool's node-attributes override them key by key.
 type Instance struct {
 	ExternalID     string
 	Name           string
@@ -59,11 +67,12 @@ type Instance struct {
 	PrivateIPv4    string
 	PublicIPv6     string
 	Username       string
-	PythonPath     string
-	ShellType      string
 	ConnectionType string
 	ConnectionPort int
+	PythonPath     string
+	ShellType      string
 	HostKeys       []string
+	Attributes     map[string]string
 	ImageID        string
 	Resources      Resources
 }

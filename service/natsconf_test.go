@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,9 @@ import (
 
 // nats.conf, loaded by the server's own parser and run as one member with
 // the cluster block taken out, lets nodepool run and a requestor do the
-// requestor protocol, and refuses the requestor everything else.
+// requestor protocol, and refuses the requestor everything else
+// (docs/deployment.md says what a requestor can and cannot touch; this
+// test checks each claim).
 func TestProductionNatsConfig(t *testing.T) {
 	for k, v := range map[string]string{
 		"NATS_SERVER_NAME": "nats-test", "NODEPOOL_PASSWORD": "np-secret", "REQUESTOR_PASSWORD": "req-secret",
@@ -69,7 +72,24 @@ func TestProductionNatsConfig(t *testing.T) {
 	go func() { done <- p.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	nc, err := nats.Connect(fmt.Sprintf("nats://requestor:req-secret@%s", addr))
+	// A requestor that listens to every _INBOX reply while nodepool works
+	// must not see nodepool's own (they carry every bucket's data): the
+	// processes use inboxes of their own (service.InboxPrefix).
+	snoop, err := nats.Connect(fmt.Sprintf("nats://requestor:req-secret@%s", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snoop.Close()
+	snooped, err := snoop.SubscribeSync("_INBOX.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snoop.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The requestor's own replies are told apart by their prefix.
+	nc, err := nats.Connect(fmt.Sprintf("nats://requestor:req-secret@%s", addr), nats.CustomInboxPrefix("_INBOX.requestor"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,15 +107,79 @@ func TestProductionNatsConfig(t *testing.T) {
 	if err := c.Return(rctx, nodes[0].ID); err != nil {
 		t.Fatalf("returning as requestor: %v", err)
 	}
-	// Everything else is refused (the server drops the message, so the
-	// call gets no answer).
-	js := c.JetStream()
-	short, scancel := context.WithTimeout(t.Context(), time.Second)
-	defer scancel()
-	if _, err := js.Publish(short, "$KV.nodepool-components.fake", []byte("{}")); err == nil {
-		t.Error("requestor could write a component record")
+	// The request and the node went through the launcher, which renewed its
+	// heartbeat and leases meanwhile (acknowledged by the server with
+	// replies naming the stream) and read the request stream.
+	for {
+		m, err := snooped.NextMsg(10 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if strings.HasPrefix(m.Subject, "_INBOX.requestor.") {
+			continue
+		}
+		for _, private := range []string{"KV_nodepool-components", "KV_nodepool-locks", events.RequestsStream} {
+			if strings.Contains(string(m.Data), private) {
+				t.Errorf("a requestor listening on _INBOX.> read a reply meant for nodepool (%s): %.200s", m.Subject, m.Data)
+			}
+		}
 	}
-	if err := js.DeleteStream(short, "NODEPOOL_REQUESTS"); err == nil {
-		t.Error("requestor could delete a stream")
+
+	// Everything else is refused: the server answers each with a
+	// permissions violation (and drops the message).
+	denied := make(chan error, 64)
+	bad, err := nats.Connect(fmt.Sprintf("nats://requestor:req-secret@%s", addr),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { denied <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	for _, tc := range []struct{ what, subject string }{
+		{"write a component record", "$KV.nodepool-components.fake"},
+		{"take a lease", "$KV.nodepool-locks.pool.p.main"},
+		{"write an image record", "$KV.nodepool-images.debian"},
+		{"trigger an image build", "nodepool.builds.debian"},
+		{"trigger an upload", "nodepool.uploads.debian.p"},
+		{"publish on another request subject", "nodepool.requests.other"},
+		{"read a lease", "$JS.API.DIRECT.GET.KV_nodepool-locks.$KV.nodepool-locks.pool.p.main"},
+		{"read the request stream", "$JS.API.CONSUMER.CREATE.NODEPOOL_REQUESTS.x.nodepool.requests.>"},
+		{"read the image files", "$JS.API.CONSUMER.CREATE.OBJ_nodepool-image-files.x.$O.nodepool-image-files.C.>"},
+		{"read the fake cloud", "$JS.API.DIRECT.GET.KV_fakecloud-p.$KV.fakecloud-p.x"},
+		{"delete a stream", "$JS.API.STREAM.DELETE.NODEPOOL_REQUESTS"},
+		{"purge a bucket", "$JS.API.STREAM.PURGE.KV_nodepool-nodes"},
+		{"delete the intake consumer", "$JS.API.CONSUMER.DELETE.NODEPOOL_REQUESTS.intake"},
+		{"change a bucket", "$JS.API.STREAM.UPDATE.KV_nodepool-nodes"},
+		{"create a stream", "$JS.API.STREAM.CREATE.MINE"},
+		{"acknowledge a message", "$JS.ACK.NODEPOOL_REQUESTS.intake.1.1.1.1.0"},
+		{"publish outside nodepool's subjects", "foo.bar"},
+	} {
+		if err := bad.Publish(tc.subject, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-denied:
+			if !strings.Contains(err.Error(), "Permissions Violation") || !strings.Contains(err.Error(), tc.subject) {
+				t.Errorf("requestor may %s (%s): got %v", tc.what, tc.subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("requestor may %s: publishing on %s was not refused", tc.what, tc.subject)
+		}
+	}
+	for _, tc := range []struct{ what, subject string }{
+		{"listen to node changes as they are published", "$KV.nodepool-nodes.>"},
+		{"listen to requests as they are published", "nodepool.requests.>"},
+		{"listen to everything", ">"},
+	} {
+		if _, err := bad.SubscribeSync(tc.subject); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-denied:
+			if !strings.Contains(err.Error(), "Permissions Violation") || !strings.Contains(err.Error(), tc.subject) {
+				t.Errorf("requestor may %s (%s): got %v", tc.what, tc.subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("requestor may %s: subscribing to %s was not refused", tc.what, tc.subject)
+		}
 	}
 }

@@ -31,6 +31,10 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
+// InboxPrefix is the prefix of the reply subjects of nodepool's processes
+// (nats.go's default is _INBOX, which nats.conf lets requestors read).
+const InboxPrefix = "_INBOX_nodepool"
+
 // Version is the version reported in component records.
 var Version = "dev"
 
@@ -60,6 +64,10 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}()
 	url, opts := client.ConnectOptions(s, "nodepool "+s.ID)
+	// Replies to nodepool's processes go to inboxes of their own, so that a
+	// user who may subscribe to _INBOX.> (nats.conf's requestor) cannot
+	// read them.
+	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix))
 	if s.Embedded() {
 		ns, err := StartEmbedded(s.NatsListen, filepath.Join(s.DataDir, "jetstream"), log)
 		if err != nil {
@@ -71,7 +79,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connecting to NATS at %s: %w", config.RedactURLs(url), err)
 	}
 	p.nc = nc
 	if p.js, err = jetstream.New(nc); err != nil {

@@ -68,7 +68,7 @@ func (a *app) imageBuildCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.out, "build of %s requested\n", image)
-			builds, err := c.Images().Builds.Filtered(image + ".*").List(ctx)
+			builds, err := c.Images().Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 			if err == nil {
 				for _, e := range builds {
 					if e.Value.State == kv.ImageBuilding {

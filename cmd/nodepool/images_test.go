@@ -180,7 +180,7 @@ diskimages:
     dib-cmd: %s
     elements: [debian-minimal]
     env-vars:
-      FAKE_DIB_SIZE: 200000
+      FAKE_DIB_SIZE: "200000"
       FAKE_DIB_HANG_ONCE: %s/hung
       FAKE_DIB_PIDFILE: %s/pids
 labels: [{name: debian}]

@@ -127,7 +127,7 @@ func natsDescription(s config.Settings) string {
 	if s.Embedded() {
 		return "embedded on " + s.NatsListen
 	}
-	return s.NatsURL
+	return config.RedactURLs(s.NatsURL)
 }
 
 // statusHandler serves /healthz, /metrics (Prometheus) and /api/status.

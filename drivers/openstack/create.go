@@ -483,19 +483,23 @@ func (m *createMachine) scan(ctx context.Context, pool *config.Pool, pl *config.
 	if m.st.PublicIP != "" {
 		inst.PublicIPv4, inst.InterfaceIP = m.st.PublicIP, m.st.PublicIP
 	}
-	inst.Username, inst.PythonPath, inst.ShellType, inst.ConnectionType, inst.ConnectionPort = p.connection(pl)
+	// A cloud image's settings go on the instance; a diskimage's the
+	// launcher takes from its upload and the provider's entry for it.
+	_, _, _, connType, connPort := p.connection(pl)
 	if pl.Diskimage != "" {
 		inst.ImageID = m.req.ImageID
+	} else {
+		inst.Username, inst.PythonPath, inst.ShellType, inst.ConnectionType, inst.ConnectionPort = p.connection(pl)
 	}
 	if pl.BootFromVolume {
 		inst.Resources.Volumes, inst.Resources.VolumeGB = 1, pl.VolumeSize
 	}
 	inst.HostKeys = []string{}
-	if pool.ChecksHostKeys(pl) && (inst.ConnectionType == "ssh" || inst.ConnectionType == "network_cli") {
+	if pool.ChecksHostKeys(pl) && (connType == "ssh" || connType == "network_cli") {
 		if inst.InterfaceIP == "" {
 			return drivers.Step{}, fmt.Errorf("server %s has no address to reach it at", m.st.Server)
 		}
-		addr := net.JoinHostPort(inst.InterfaceIP, strconv.Itoa(inst.ConnectionPort))
+		addr := net.JoinHostPort(inst.InterfaceIP, strconv.Itoa(connPort))
 		keys, err := hostkeys.Scan(ctx, addr, scanTimeout)
 		if err != nil {
 			if ctx.Err() != nil {
