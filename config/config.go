@@ -101,14 +101,14 @@ func (l *Label) Disabled() bool { return l.MinReady < 0 }
 // TenantLimit is an entry of `tenant-resource-limits`. A limit the entry
 // does not set is Unlimited; 0 is a limit of zero.
 type TenantLimit struct {
-	TenantName string
-	MaxServers int
-	MaxCores   int
-	MaxRAM     int
+	TenantName string `yaml:"tenant-name"`
+	MaxServers int    `yaml:"max-servers"`
+	MaxCores   int    `yaml:"max-cores"`
+	MaxRAM     int    `yaml:"max-ram"`
 	// Resources are the entry's other limits by key: max-volumes,
 	// max-volume-gb and driver-specific ones (AWS quota codes such as
 	// L-43DA4232), which Nodepool reads as max-resources.
-	Resources map[string]int
+	Resources map[string]int `yaml:",inline"`
 }
 
 func (tl *TenantLimit) decodeYAML(d *decoder, path string, n *yaml.Node) {

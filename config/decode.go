@@ -60,7 +60,7 @@ func (es Errors) Unwrap() []error {
 // maxNodes bounds the YAML nodes one file may expand to through aliases,
 // so that a hostile file (the "billion laughs") is refused instead of
 // exhausting memory.
-const maxNodes = 1 << 20
+const maxNodes = 1 << 18
 
 // decoder turns a yaml.Node tree into Go values strictly: every key must be a
 // field of the target, every value must have the field's type. It collects all
@@ -78,6 +78,9 @@ type decoder struct {
 	// nodes counts the nodes decoded, aliases expanded (see maxNodes).
 	nodes    int
 	tooLarge bool
+	// merging are the mappings whose merge keys are being expanded, to
+	// refuse a mapping that merges itself.
+	merging map[*yaml.Node]bool
 }
 
 func (d *decoder) fail(path string, n *yaml.Node, format string, args ...any) {
@@ -302,6 +305,15 @@ type pair struct{ key, val *yaml.Node }
 // merged one, and of several merged mappings the first wins. A key given
 // twice keeps its last value (PyYAML's rule) with a warning.
 func (d *decoder) pairs(path string, n *yaml.Node) []pair {
+	if d.merging[n] {
+		d.fail(joinPath(path, "<<"), n, "a mapping merges itself (through an alias of an anchor it holds)")
+		return nil
+	}
+	if d.merging == nil {
+		d.merging = map[*yaml.Node]bool{}
+	}
+	d.merging[n] = true
+	defer delete(d.merging, n)
 	var own, merged []pair
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]

@@ -128,8 +128,6 @@ func TestParseStaticAndMetastaticErrors(t *testing.T) {
 			[]string{`providers[1].pools[0].nodes[0]: missing required key "labels"`}},
 		{"undefined node label", "labels: [static-b, static-a]", "labels: [static-b, static-c]",
 			[]string{`providers[1].pools[0].nodes[1].labels[1]: label "static-c" is not defined`}},
-		{"bad host key", hostKey + " root@host1", "fake-key",
-			[]string{`nodepool.yaml:20: providers[1].pools[0].nodes[0].host-key: expected an SSH public key such as "ssh-ed25519 AAAA...", got "fake-key"`}},
 		{"bad connection type", "connection-type: winrm", "connection-type: tel net",
 			[]string{`nodes[2].connection-type: expected a connection type such as ssh, winrm or network_cli, got "tel net"`}},
 		{"bad port", "connection-port: 2222", "connection-port: 0",

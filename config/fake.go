@@ -58,7 +58,7 @@ func validateFake(c *Config, v *validation, i int) {
 	p := &c.Providers[i]
 	path := indexPath("providers", i)
 	at := func(rest ...any) *yaml.Node { return v.at(append([]any{"providers", i}, rest...)...) }
-	if !validName(p.Cloud) {
+	if p.set["cloud"] && !validName(p.Cloud) {
 		v.fail(path+".cloud", at("cloud"), "cloud name %q is not valid; expected %s", p.Cloud, nameExpected)
 	}
 	if p.APIRateLimit < 0 {

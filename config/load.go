@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -124,18 +125,22 @@ func substitute(data []byte, env []string) []byte {
 }
 
 // maxFaultSearch bounds the lines searched for where a YAML syntax error
-// is (each step parses the file once more).
-const maxFaultSearch = 5000
+// is (each step parses the text once more).
+const maxFaultSearch = 2000
 
 // parseYAML parses a file into its root node, or reports why it cannot.
 func (d *decoder) parseYAML(data []byte) *yaml.Node {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		line := faultLine(data)
 		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "line ") {
+		from := 1
+		if n, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "line ") {
 			msg = rest
+			if l, err := strconv.Atoi(strings.TrimPrefix(n, "line ")); err == nil && l > 0 {
+				from = l
+			}
 		}
+		line := faultLine(data, from)
 		d.errs = append(d.errs, &Error{File: d.file, Line: line, Msg: "not valid YAML: " + msg})
 		return nil
 	}
@@ -151,22 +156,18 @@ func (d *decoder) parseYAML(data []byte) *yaml.Node {
 	return root
 }
 
-// faultLine finds where a file stops being YAML: the line whose addition
-// to the lines before it (which parse) makes the text fail, searching back
-// from the end. The YAML parser names the line where the construct being
-// parsed began, which is often far from the fault.
-func faultLine(data []byte) int {
+// faultLine finds where a file stops being YAML: the first line, from
+// the one the parser names (where the construct it was reading began),
+// whose addition to the lines before it makes the text fail to parse.
+func faultLine(data []byte, from int) int {
 	lines := bytes.SplitAfter(data, []byte("\n"))
-	if len(lines) > maxFaultSearch {
-		return 0
-	}
 	var doc yaml.Node
-	for k := len(lines); k >= 1; k-- {
-		if yaml.Unmarshal(bytes.Join(lines[:k-1], nil), &doc) == nil {
+	for k := from; k <= len(lines) && k < from+maxFaultSearch; k++ {
+		if yaml.Unmarshal(bytes.Join(lines[:k], nil), &doc) != nil {
 			return k
 		}
 	}
-	return 1
+	return from
 }
 
 // sortErrors puts problems in file order (the main file before the

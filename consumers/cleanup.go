@@ -19,6 +19,9 @@ import (
 //
 //   - nodes being launched or deleted by a launcher whose heartbeat expired
 //     are handed back (launcher cleared), so the lifecycle group resumes them;
+//   - nodes that need the lifecycle group's work and that nobody took up
+//     for two sweeps in a row are written again, unchanged, so the group
+//     sees them afresh (revisit);
 //   - instances tagged as ours without a node record (or not the instance
 //     their node records) are deleted on their second sighting;
 //   - requests pending in a pool that no live launcher serves go back to
@@ -33,6 +36,17 @@ type cleanup struct {
 	// orphanPools counts sweeps that found pending requests of a pool that
 	// no live launcher serves.
 	orphanPools map[string]int
+	// unowned counts the sweeps in a row that saw a node at one revision
+	// needing work that nobody does.
+	unowned map[string]sighting
+}
+
+// sighting is a record seen at a revision in n sweeps in a row, the first
+// time at first.
+type sighting struct {
+	rev   uint64
+	n     int
+	first time.Time
 }
 
 func newCleanup(l *Launcher) *cleanup { return &cleanup{l: l} }
@@ -40,6 +54,7 @@ func newCleanup(l *Launcher) *cleanup { return &cleanup{l: l} }
 func (c *cleanup) run(ctx context.Context) {
 	c.suspects = map[string]int{}
 	c.orphanPools = map[string]int{}
+	c.unowned = map[string]sighting{}
 	c.lastPurge = time.Now()
 	compSub := c.l.components.Subscribe()
 	defer c.l.components.Unsubscribe(compSub)
@@ -65,6 +80,7 @@ func (c *cleanup) run(ctx context.Context) {
 		case <-tick.C:
 		}
 		c.handBack(ctx)
+		c.revisit(ctx)
 		c.expire(ctx)
 		c.requests(ctx)
 		for name, drv := range c.l.opts.Providers {
@@ -104,6 +120,59 @@ func (c *cleanup) handBack(ctx context.Context) {
 		})
 		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 			l.log.Warn("could not hand back node", "node", id, "err", err)
+		}
+	}
+}
+
+// unowned reports whether a node needs the lifecycle group's work and has
+// no launcher on it: used, failed or aborted (to be deleted), or being
+// launched or deleted with no launcher named.
+func unowned(n *kv.Node) bool {
+	switch n.State {
+	case kv.NodeUsed, kv.NodeFailed, kv.NodeAborted:
+		return true
+	case kv.NodeBuilding, kv.NodeDeleting:
+		return n.Launcher == ""
+	}
+	return false
+}
+
+// revisit writes again, unchanged, the nodes that needed the lifecycle
+// group's work at the same revision in two sweeps in a row and for at
+// least a lease TTL (the time a dead owner takes to be noticed): their change
+// was acknowledged without the work being taken up (a process killed in
+// between), or dropped past the consumer's delivery bound. The write is a
+// new change, which the group takes up like any other.
+func (c *cleanup) revisit(ctx context.Context) {
+	l := c.l
+	var due []kv.Entry[kv.Node]
+	seen := map[string]bool{}
+	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if !unowned(&e.Value) {
+			return true
+		}
+		seen[e.Key] = true
+		s := c.unowned[e.Key]
+		if s.rev != e.Revision {
+			s = sighting{rev: e.Revision, first: time.Now()}
+		}
+		s.n++
+		c.unowned[e.Key] = s
+		if s.n >= 2 && time.Since(s.first) >= l.opts.LeaseTTL {
+			due = append(due, *e)
+		}
+		return true
+	})
+	for id := range c.unowned {
+		if !seen[id] {
+			delete(c.unowned, id)
+		}
+	}
+	for _, e := range due {
+		l.log.Info("node needs work nobody took up; writing it again", "node", e.Key, "state", e.Value.State, "launcher", e.Value.Launcher)
+		n := e.Value
+		if _, err := l.nodes.Update(ctx, e.Key, &n, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && ctx.Err() == nil {
+			l.log.Warn("could not write node again", "node", e.Key, "err", err)
 		}
 	}
 }

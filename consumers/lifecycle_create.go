@@ -26,7 +26,9 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 
 // runCreate advances a node's create machine to ready, retrying failed
 // attempts (each failed instance deleted first) up to launch-retries.
-func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
+// Stopped (its context ended, or the node no longer its own), it returns
+// the instance its machine made, which the node may not record yet.
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan string) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
@@ -39,8 +41,13 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
 	if err != nil {
 		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
-		return
+		return ""
 	}
+	defer func() {
+		if ctx.Err() != nil {
+			orphan = sm.ExternalID() // stopped: the instance may be unrecorded
+		}
+	}()
 	// A driver whose creates are idempotent resumes from scratch: its
 	// progress need not be recorded step by step.
 	_, idempotent := drivers.As[drivers.Idempotent](drv)
@@ -50,6 +57,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 	waits := 0
 	for ctx.Err() == nil {
 		var attemptErr error
+		if !lc.mayDrive(id, kv.NodeBuilding) {
+			return sm.ExternalID() // fenced, or the node was taken: no cloud call
+		}
 		step, err := sm.Advance(ctx)
 		switch {
 		case ctx.Err() != nil:
@@ -62,8 +72,8 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			if waits == 0 {
 				why := "waiting: " + err.Error()
 				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
-					lc.lostDuringCreate(ctx, id, drv, sm, uerr)
-					return
+					lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, uerr)
+					return ""
 				}
 			}
 			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
@@ -85,6 +95,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				}
 			}
 			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
+			if !lc.mayDrive(id, kv.NodeBuilding) {
+				return sm.ExternalID()
+			}
 			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
 				return
 			}
@@ -97,7 +110,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
 			})
 			if err != nil {
-				return
+				return ""
 			}
 			n = ne.Value
 			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
@@ -117,8 +130,8 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.SetState(kv.NodeReady, time.Now().UTC())
 			})
 			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
-				return
+				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
+				return ""
 			}
 			l.metrics.NodesLaunched.Add(1)
 			log.Debug("node ready", "external_id", ne.Value.ExternalID)
@@ -130,8 +143,8 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
 			})
 			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
-				return
+				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
+				return ""
 			}
 			n = ne.Value
 			saved, savedAttempt = st, n.Attempt
@@ -142,22 +155,34 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			return
 		}
 	}
+	return sm.ExternalID()
 }
 
-// lostDuringCreate runs when a node changed under a running create (deleted
-// by an operator, handed to another launcher): an instance this process
-// created and that the node does not record is deleted here, as nobody else
-// knows it.
-func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, err error) {
+// lostDuringCreate runs when a write of a running create found the node
+// changed (deleted by an operator, handed to another launcher): the
+// instance this process made is deleted here only if nobody else can find
+// it. Whoever has the node now knows it if the record names it, or, for a
+// driver whose creates are idempotent, if the node is still being created
+// in the same attempt (its create finds the instance by the attempt's
+// token). Otherwise nobody knows it and this process deletes it.
+func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, attempt int, err error) {
 	if !errors.Is(err, errLost) {
 		return // ctx ended; the node stays ours and is resumed or handed over
 	}
 	ext := sm.ExternalID()
-	if ext == "" {
+	if ext == "" || lc.l.fenced() {
 		return
 	}
-	if cur, gerr := lc.l.b.Nodes.Get(ctx, id); gerr == nil && cur.Value.ExternalID == ext {
+	cur, gerr := lc.l.b.Nodes.Get(ctx, id)
+	switch {
+	case gerr != nil && !errors.Is(gerr, kv.ErrNotFound):
+		return // cannot tell; cleanup deletes it if it leaked
+	case gerr == nil && cur.Value.ExternalID == ext:
 		return // whoever has the node now knows the instance
+	case gerr == nil && cur.Value.State == kv.NodeBuilding && cur.Value.Attempt == attempt:
+		if _, idempotent := drivers.As[drivers.Idempotent](drv); idempotent {
+			return // the new owner's create finds it by the attempt's token
+		}
 	}
 	lc.deleteInstance(ctx, drv, ext, nil)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -107,7 +108,8 @@ func (t *term) pass(ctx context.Context) {
 			continue // looked at again when its job is done
 		}
 		r := e.Value
-		if t.checkPending(ctx, &r, free, room) {
+		done := true
+		if t.guarded(ctx, id, func() { done = t.checkPending(ctx, &r, free, room) }) || done {
 			delete(ix.dirty, id)
 		}
 	}
@@ -131,46 +133,64 @@ func (t *term) pass(ctx context.Context) {
 	blockedTenants := map[string]bool{}
 	paused := false
 	for _, r := range waiting {
-		if why := t.cannotServe(r); why != "" {
-			jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
-			continue
-		}
-		if !t.imagesReady(r) {
-			continue // waits for an upload of its diskimage; not a decline
-		}
-		if t.deferred(r, live) {
-			continue
-		}
-		plan, need := t.plan(r, free, nil)
-		if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
-			continue
-		}
-		if ok, by := room.fits(r.Tenant, need); !ok {
-			if strings.HasPrefix(by, "tenant ") {
-				// Only this tenant's requests wait behind it.
-				blockedTenants[r.Tenant] = true
-				continue
+		t.guarded(ctx, r.ID, func() {
+			if why := t.cannotServe(r); why != "" {
+				jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
+				return
 			}
-			for _, lb := range r.Labels {
-				blockedLabels[lb] = true
+			if !t.imagesReady(r) {
+				return // waits for an upload of its diskimage; not a decline
 			}
-			paused = true
-			continue
-		}
-		room.take(r.Tenant, need)
-		jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
-		d := jobDone{keys: []string{r.ID}, request: r.ID}
-		for _, sl := range plan {
-			if sl.reuse {
-				d.reserved = append(d.reserved, sl.node)
+			if t.deferred(r, live) {
+				return
 			}
-		}
-		jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+			plan, need := t.plan(r, free, nil)
+			if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
+				return
+			}
+			if ok, by := room.fits(r.Tenant, need); !ok {
+				if strings.HasPrefix(by, "tenant ") {
+					// Only this tenant's requests wait behind it.
+					blockedTenants[r.Tenant] = true
+					return
+				}
+				for _, lb := range r.Labels {
+					blockedLabels[lb] = true
+				}
+				paused = true
+				return
+			}
+			room.take(r.Tenant, need)
+			jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
+			d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
+			for _, sl := range plan {
+				if sl.reuse {
+					d.reserved = append(d.reserved, sl.node)
+				}
+			}
+			jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+		})
 	}
 	if paused != t.paused {
 		t.paused = paused
 		l.setPaused(t.ref, paused)
 	}
+}
+
+// guarded runs the planning of one request: a panic fails that request,
+// with the reason, and the pass goes on with the others. It reports
+// whether fn panicked.
+func (t *term) guarded(ctx context.Context, id string, fn func()) (panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = true
+			t.log.Error("planning a request panicked; failing it", "request", id, "panic", p, "stack", string(debug.Stack()))
+			s, reason := t.scheduler, panicReason(p)
+			t.jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.failBroken(ctx, id, reason) })
+		}
+	}()
+	fn()
+	return false
 }
 
 // plan picks, for each label of r (or the given slots only), a ready node
@@ -345,7 +365,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 			if reason == "" {
 				reason = fmt.Sprintf("node %s failed", id)
 			}
-			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
+			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
 			return true
 		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
 			ready = false
@@ -360,7 +380,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 		}
 		room.take(r.Tenant, need)
 		t.jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
-		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
 		for _, sl := range plan {
 			if sl.reuse {
 				d.reserved = append(d.reserved, sl.node)
@@ -372,7 +392,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 	}
 	if ready {
 		nodes := slices.Clone(r.Nodes)
-		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
 	}
 	return true
 }

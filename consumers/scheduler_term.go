@@ -32,7 +32,7 @@ func newTerm(s *scheduler) *term {
 	return &term{
 		scheduler: s,
 		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
-		jobs:      newJobSet(),
+		jobs:      newJobSet(s.jobPanicked),
 		cloud:     cloudQuota{limits: unlimited},
 	}
 }

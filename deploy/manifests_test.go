@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -32,6 +33,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 )
 
 // The kustomizations kubectl applies: the whole deployment and each part
@@ -51,6 +53,69 @@ func TestManifests(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestManifestsWithTLS renders the deployment with the component deploy/tls
+// and nats.conf's tls blocks uncommented, as docs/deployment.md says, and
+// checks it as TestManifests does; either half alone is an error.
+func TestManifestsWithTLS(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		component, uncomment bool
+		want                 string
+	}{
+		{"both", true, true, ""},
+		{"component only", true, false, "nats.conf does not use TLS"},
+		{"nats.conf only", false, true, "NODEPOOL_NATS_TLS_CA, _CERT and _KEY are not all set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := filesys.MakeFsInMemory()
+			copyTree(t, ".", mem)
+			if tc.component {
+				k, _ := mem.ReadFile("kustomization.yaml")
+				if err := mem.WriteFile("kustomization.yaml", append(k, "components:\n  - tls\n"...)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.uncomment {
+				conf, _ := mem.ReadFile("nats/nats.conf")
+				text, blocks := uncommentTLS(string(conf))
+				if blocks != 2 {
+					t.Fatalf("nats.conf has %d commented tls blocks; want 2", blocks)
+				}
+				if err := mem.WriteFile("nats/nats.conf", []byte(text)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := validate(t, mem, ".")
+			switch {
+			case tc.want == "" && len(errs) > 0:
+				t.Error(errors.Join(errs...))
+			case tc.want != "" && !strings.Contains(errors.Join(errs...).Error(), tc.want):
+				t.Errorf("errors do not mention %q:\n%v", tc.want, errors.Join(errs...))
+			}
+		})
+	}
+}
+
+// uncommentTLS uncomments nats.conf's tls blocks, as an operator does.
+func uncommentTLS(text string) (string, int) {
+	lines := strings.Split(text, "\n")
+	blocks, in := 0, false
+	for i, l := range lines {
+		trimmed := strings.TrimSpace(l)
+		if trimmed == "# tls {" {
+			in = true
+			blocks++
+		}
+		if in {
+			lines[i] = strings.Replace(l, "# ", "", 1)
+		}
+		if trimmed == "# }" {
+			in = false
+		}
+	}
+	return strings.Join(lines, "\n"), blocks
 }
 
 // TestManifestMistakes proves that the check catches mistakes: each case
@@ -441,6 +506,21 @@ func (c *checker) loadNatsConf() (*server.Options, string) {
 		if err := os.WriteFile(path, []byte(cm.Data["nats.conf"]), 0o600); err != nil {
 			c.t.Fatal(err)
 		}
+		// With its tls blocks in use, nats.conf reads certificate files: they
+		// must be on a volume of the Secret, and the test gives it some.
+		if tlsFiles := usedTLSFiles(cm.Data["nats.conf"]); len(tlsFiles) > 0 {
+			ct := &s.Spec.Template.Spec.Containers[0]
+			for _, f := range tlsFiles {
+				c.expect(c.onSecret(&s.Spec.Template.Spec, ct, f), "nats.conf reads %s, which is not on a Secret mounted into StatefulSet %s (deploy/tls mounts nats-server-tls at /etc/nats/tls)", f, s.Name)
+			}
+			ca := natstest.NewCA(c.t)
+			ca.WriteCert(c.t, filepath.Join(dir, "ca.crt"))
+			ca.Issue(c.t, "nats-1", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+			text := strings.ReplaceAll(cm.Data["nats.conf"], "/etc/nats/tls/", dir+"/")
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				c.t.Fatal(err)
+			}
+		}
 		// The variables nats.conf reads: the pod name and the Secret's keys.
 		for _, v := range regexp.MustCompile(`\$([A-Z_]+)`).FindAllStringSubmatch(cm.Data["nats.conf"], -1) {
 			c.t.Setenv(v[1], "secret-"+strings.ToLower(v[1]))
@@ -454,6 +534,34 @@ func (c *checker) loadNatsConf() (*server.Options, string) {
 		return opts, cm.Data["nats.conf"]
 	}
 	return nil, ""
+}
+
+// usedTLSFiles lists the certificate files of the tls blocks nats.conf
+// uses (not the commented ones).
+func usedTLSFiles(text string) []string {
+	var files []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:cert_file|key_file|ca_file):\s*"?([^\s"]+)`).FindAllStringSubmatch(text, -1) {
+		if !slices.Contains(files, m[1]) {
+			files = append(files, m[1])
+		}
+	}
+	return files
+}
+
+// onSecret tells whether path is on a volume of a Secret mounted into the
+// container.
+func (c *checker) onSecret(spec *corev1.PodSpec, ct *corev1.Container, path string) bool {
+	for _, m := range ct.VolumeMounts {
+		if !strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil && !ptrOr(v.Secret.Optional, false) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (c *checker) natsStatefulSet(s *appsv1.StatefulSet) {
@@ -569,6 +677,19 @@ func (c *checker) nodepoolDeployment(d *appsv1.Deployment) {
 		}
 		pw, _ := u.User.Password()
 		c.expect(pw == "secret-nodepool_password", "Deployment %s: NODEPOOL_NATS_URL must take the password from NODEPOOL_PASSWORD of Secret nats-users", d.Name)
+	}
+	// TLS on both sides or on neither: a server that verifies clients needs
+	// nodepool's certificate, and a client that asks for TLS fails against
+	// a server without it.
+	tlsFiles := []string{s.NatsTLSCA, s.NatsTLSCert, s.NatsTLSKey}
+	usesTLS := slices.ContainsFunc(tlsFiles, func(f string) bool { return f != "" })
+	if opts, _ := c.natsConf(); opts != nil {
+		verifies := opts.TLSConfig != nil && opts.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert
+		c.expect(!verifies || s.NatsTLSCert != "" && s.NatsTLSKey != "" && s.NatsTLSCA != "", "Deployment %s: nats.conf requires client certificates, and NODEPOOL_NATS_TLS_CA, _CERT and _KEY are not all set (add the component deploy/tls)", d.Name)
+		c.expect(opts.TLSConfig != nil || !usesTLS, "Deployment %s: NODEPOOL_NATS_TLS_* are set, and nats.conf does not use TLS (uncomment its tls blocks)", d.Name)
+	}
+	for _, f := range tlsFiles {
+		c.expect(f == "" || c.onSecret(spec, ct, f), "Deployment %s: %s is not on a Secret mounted into the pod", d.Name, f)
 	}
 	// The status API listens where the probes look.
 	_, port, _ := net.SplitHostPort(s.HTTPAddr)

@@ -57,6 +57,10 @@ type ImageFile struct {
 	Object string `json:"object"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+	// Deleted: the file was deleted from the store once every upload of
+	// it was done (the diskimage's delete-after-upload); the record keeps
+	// what it was.
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // ImageBuild is the record of one build of an image (key

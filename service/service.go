@@ -45,6 +45,7 @@ type Process struct {
 	Log      *slog.Logger
 
 	server    *server.Server
+	lock      *DataDirLock
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	buckets   *kv.Buckets
@@ -69,6 +70,11 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// read them.
 	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix))
 	if s.Embedded() {
+		lock, err := LockDataDir(s.DataDir, fmt.Sprintf("id %s, NATS on %s", s.ID, s.NatsListen))
+		if err != nil {
+			return nil, err
+		}
+		p.lock = lock
 		ns, err := StartEmbedded(s.NatsListen, filepath.Join(s.DataDir, "jetstream"), log)
 		if err != nil {
 			return nil, err
@@ -221,6 +227,7 @@ func (p *Process) Close() {
 		p.server.Shutdown()
 		p.server.WaitForShutdown()
 	}
+	p.lock.Release()
 }
 
 // StartEmbedded starts a nats-server with JetStream on addr (host:port),

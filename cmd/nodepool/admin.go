@@ -28,16 +28,24 @@ func (a *app) configValidateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "config-validate [FILE]",
 		Short: "Check a nodepool.yaml; exits non-zero and names every problem",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Check a nodepool.yaml (FILE, or -c/NODEPOOL_CONFIG) and the secure file
+(-s/NODEPOOL_SECURE) merged over it. Every error is printed with its file,
+line and key path, and the command exits 1; warnings (what Nodepool
+accepts but is likely a mistake, such as a label no pool of the file
+provides) are printed with "warning:" and do not fail.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := a.settings.Config
 			if len(args) == 1 {
 				path = args[0]
 			}
-			cfg, err := config.Load(path)
+			cfg, err := config.LoadFiles(path, a.settings.Secure)
 			if err != nil {
 				fmt.Fprintln(a.err, err)
 				return exitError{code: 1}
+			}
+			for _, w := range cfg.Warnings {
+				fmt.Fprintln(a.err, "warning:", w)
 			}
 			pools := 0
 			for _, p := range cfg.Providers {

@@ -30,7 +30,7 @@ func (a *app) imageCmds() []*cobra.Command {
 
 // diskimage checks that an image is one the configuration builds.
 func (a *app) diskimage(name string) (*config.Config, error) {
-	cfg, err := config.Load(a.settings.Config)
+	cfg, err := a.settings.LoadConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func (a *app) imageStatusCmd() *cobra.Command {
 			defer c.Close()
 			names := map[string]bool{}
 			paused := map[string]bool{}
-			if cfg, err := config.Load(a.settings.Config); err == nil {
+			if cfg, err := a.settings.LoadConfig(); err == nil {
 				for _, di := range cfg.Diskimages {
 					if !di.Abstract {
 						names[di.Name] = true
@@ -319,7 +319,7 @@ func (a *app) alienImageListCmd() *cobra.Command {
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			cfg, err := config.Load(a.settings.Config)
+			cfg, err := a.settings.LoadConfig()
 			if err != nil {
 				return err
 			}

@@ -63,13 +63,14 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	// Every process setting is also a flag; the NATS ones apply to every
 	// command.
 	pf := root.PersistentFlags()
-	pf.StringVarP(&a.flags.NatsURL, "nats-url", "s", "", "NATS server URL(s) [NODEPOOL_NATS_URL]; default: the embedded server's address")
+	pf.StringVar(&a.flags.NatsURL, "nats-url", "", "NATS server URL(s) [NODEPOOL_NATS_URL]; default: the embedded server's address")
 	pf.StringVar(&a.flags.NatsCreds, "nats-creds", "", "NATS credentials file [NODEPOOL_NATS_CREDS]")
 	pf.StringVar(&a.flags.NatsTLSCA, "nats-tls-ca", "", "NATS CA certificate [NODEPOOL_NATS_TLS_CA]")
 	pf.StringVar(&a.flags.NatsTLSCert, "nats-tls-cert", "", "NATS client certificate [NODEPOOL_NATS_TLS_CERT]")
 	pf.StringVar(&a.flags.NatsTLSKey, "nats-tls-key", "", "NATS client key [NODEPOOL_NATS_TLS_KEY]")
 	pf.StringVar(&a.flags.NatsListen, "nats-listen", "", "address of the embedded NATS server [NODEPOOL_NATS_LISTEN] (default 127.0.0.1:4222)")
 	pf.StringVarP(&a.flags.Config, "config", "c", "", "path of nodepool.yaml [NODEPOOL_CONFIG] (default ./nodepool.yaml)")
+	pf.StringVarP(&a.flags.Secure, "secure", "s", "", "secure file merged over nodepool.yaml, as Nodepool's -s [NODEPOOL_SECURE] (default none)")
 	pf.StringVar(&a.flags.LogLevel, "log-level", "", "debug, info, warn or error [NODEPOOL_LOG_LEVEL] (default info)")
 	pf.StringVar(&a.flags.LogFormat, "log-format", "", "text or json [NODEPOOL_LOG_FORMAT] (default text)")
 
@@ -82,7 +83,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 // flagNames maps Settings fields to their flag names.
 var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
-	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "DataDir": "data-dir",
+	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
 	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
@@ -100,6 +101,9 @@ func (a *app) loadSettings(cmd *cobra.Command) error {
 		if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
 			sv.FieldByName(field).Set(fv.FieldByName(field))
 		}
+	}
+	if f := cmd.Flags().Lookup("http-addr"); f != nil && f.Changed {
+		s.HTTPAddrSet = true
 	}
 	a.settings = s
 	return nil

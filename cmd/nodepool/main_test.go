@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -349,6 +350,67 @@ func TestConfigValidate(t *testing.T) {
 	_, errOut, code = nodepool(t, map[string]string{"NODEPOOL_CONFIG": bad}, "config-validate")
 	if code != 1 || !strings.Contains(errOut, bad) {
 		t.Errorf("NODEPOOL_CONFIG is not used: code %d, %q", code, errOut)
+	}
+}
+
+// config-validate prints warnings without failing, names a missing file
+// with how to name another, and reads the secure file of -s (which is no
+// longer --nats-url) or NODEPOOL_SECURE.
+func TestConfigValidateWarningsAndSecure(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, `
+labels: [{name: a}, {name: elsewhere}]
+diskimages: [{name: debian, formats: [raw]}]
+providers: [{name: p, driver: fake, pools: [{name: main, labels: [a]}]}]
+`)
+	out, errOut, code := nodepool(t, nil, "config-validate", cfg)
+	if code != 0 || !strings.Contains(out, "is valid") ||
+		!strings.Contains(errOut, "warning: "+cfg+`:2: labels[1].name: label "elsewhere" is not provided by any pool of this file`) {
+		t.Errorf("warnings: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	_, errOut, code = nodepool(t, nil, "config-validate", filepath.Join(t.TempDir(), "nodepool.yaml"))
+	if code != 1 || !strings.Contains(errOut, "does not exist; name another with -c FILE or NODEPOOL_CONFIG") {
+		t.Errorf("missing file: code %d, %q", code, errOut)
+	}
+
+	secure := filepath.Join(t.TempDir(), "secure.conf")
+	if err := os.WriteFile(secure, []byte("diskimages:\n  - name: fedora\n    env-vars: {PASSWORD: x}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = nodepool(t, nil, "-s", secure, "config-validate", cfg)
+	if code != 1 || !strings.Contains(errOut, secure+`:2: diskimages[0].name: diskimage "fedora" is not defined in `+cfg) {
+		t.Errorf("-s: code %d, %q", code, errOut)
+	}
+	_, errOut, code = nodepool(t, map[string]string{"NODEPOOL_SECURE": secure}, "config-validate", cfg)
+	if code != 1 || !strings.Contains(errOut, secure+":2:") {
+		t.Errorf("NODEPOOL_SECURE: code %d, %q", code, errOut)
+	}
+	if err := os.WriteFile(secure, []byte("diskimages:\n  - name: debian\n    env-vars: {PASSWORD: x}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code = nodepool(t, nil, "--secure", secure, "config-validate", cfg); code != 0 {
+		t.Errorf("--secure with a good secure file: code %d, %q %q", code, out, errOut)
+	}
+}
+
+// With NODEPOOL_HTTP_ADDR unset, the status API listens where nodepool.yaml's
+// webapp says, as Nodepool's webapp does.
+func TestRunWebappAddress(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	cfg := writeConfig(t, fmt.Sprintf("webapp:\n  listen_address: 127.0.0.1\n  port: %d\nlabels: [{name: a}]\nproviders: [{name: p, driver: fake, pools: [{name: main, labels: [a]}]}]\n", port))
+	env := runEnv(t, t.TempDir(), freePort(t))
+	delete(env, "NODEPOOL_HTTP_ADDR")
+	p := startRun(t, env, "-c", cfg)
+	p.waitLog(fmt.Sprintf("addr=127.0.0.1:%d", port), 30*time.Second)
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz: %s", resp.Status)
 	}
 }
 

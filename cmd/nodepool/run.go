@@ -89,10 +89,14 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	log := a.logger().With("id", s.ID)
-	cfg, err := config.Load(s.Config)
+	cfg, err := s.LoadConfig()
 	if err != nil {
 		return err
 	}
+	for _, w := range cfg.Warnings {
+		log.Warn("configuration: " + w.Error())
+	}
+	s.HTTPAddr = s.StatusAddr(cfg)
 	p, err := service.Start(ctx, s, cfg, log)
 	if err != nil {
 		return err
@@ -103,7 +107,7 @@ func (a *app) run(ctx context.Context) error {
 	if s.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", s.HTTPAddr)
 		if err != nil {
-			return fmt.Errorf("status API cannot listen on %s (set NODEPOOL_HTTP_ADDR to another address, or empty to turn it off): %w", s.HTTPAddr, err)
+			return fmt.Errorf("status API cannot listen on %s (set NODEPOOL_HTTP_ADDR, or webapp in nodepool.yaml, to another address, or NODEPOOL_HTTP_ADDR empty to turn it off): %w", s.HTTPAddr, err)
 		}
 		srv = &http.Server{Handler: statusHandler(p), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
