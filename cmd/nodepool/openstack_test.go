@@ -109,6 +109,7 @@ labels: [{name: small}]
 providers:
   - name: cloud1
     cloud: dev
+    rate: 0
     cloud-images: [{name: cirros, image-name: cirros-0.6.2-x86_64-disk}]
     pools:
       - name: main
@@ -148,9 +149,10 @@ providers:
 	}
 	second := startRun(t, procEnv("second"), "-c", cfg)
 	second.waitLog("launcher running", 60*time.Second)
-	rec.until(60*time.Second, "the request is fulfilled", func() bool {
+	rec.until(60*time.Second, "the request is fulfilled and its node ready", func() bool {
 		r, ok := rec.requests.Get("r1")
-		return ok && r.Value.State == kv.RequestFulfilled
+		n, nok := rec.nodes.Get(node.ID)
+		return ok && r.Value.State == kv.RequestFulfilled && nok && n.Value.State == kv.NodeReady
 	})
 	e, _ := rec.nodes.Get(node.ID)
 	if e.Value.State != kv.NodeReady || e.Value.ExternalID != node.ExternalID || e.Value.Launcher != "second" {
