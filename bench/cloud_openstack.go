@@ -63,6 +63,13 @@ providers:
 				return total, st.RateLimited
 			},
 			Servers: func() int { return len(srv.Servers()) },
+			Times: func() map[string][2]time.Time {
+				out := map[string][2]time.Time{}
+				for _, s := range srv.Servers() {
+					out[s.ID] = [2]time.Time{s.Created, s.Launched}
+				}
+				return out
+			},
 			Stop:    func() { _ = srv.Close() },
 		}, nil
 	},

@@ -14,6 +14,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/config"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/gophercloud/gophercloud/v2/openstack/utils"
+	"golang.org/x/time/rate"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 )
@@ -41,6 +42,19 @@ type pacer struct {
 }
 
 type limiterBox struct{ drivers.Limiter }
+
+// callsPerSecond is the limiter's current rate (0: no limiter, or one
+// that does not say).
+func (pc *pacer) callsPerSecond() float64 {
+	b := pc.lim.Load()
+	if b == nil {
+		return 0
+	}
+	if l, ok := b.Limiter.(interface{ Limit() rate.Limit }); ok && l.Limit() != rate.Inf {
+		return float64(l.Limit())
+	}
+	return 0
+}
 
 func (pc *pacer) wait(ctx context.Context) error {
 	if b := pc.lim.Load(); b != nil {

@@ -18,8 +18,10 @@ import (
 // changes-since) serves every booting and deleting server and the
 // launcher's instance listings. A listing starts at most every
 // pollInterval, or every two listing durations when listings grow long
-// (so that listing takes at most half of the time); a full listing now
-// and then repairs anything a delta listing could miss.
+// (so that listing takes at most half of the time), or every five paced
+// calls when the provider has a rate (so that listings take at most a
+// fifth of it); a full listing now and then repairs anything a delta
+// listing could miss.
 const (
 	pollInterval  = 250 * time.Millisecond
 	fullListEvery = time.Minute
@@ -108,7 +110,11 @@ func (w *serverWatch) run(r *refresh) {
 	stop := context.AfterFunc(w.bgDone(), cancel)
 	defer stop()
 	w.mu.Lock()
-	next := w.lastStart.Add(max(pollInterval, 2*w.lastTook))
+	interval := max(pollInterval, 2*w.lastTook)
+	if r := w.p.pacer.callsPerSecond(); r > 0 {
+		interval = max(interval, time.Duration(5*float64(time.Second)/r))
+	}
+	next := w.lastStart.Add(interval)
 	full := !w.synced || time.Since(w.fullAt) > fullListEvery
 	since := w.cloudAt.Add(-changesMargin - w.lastTook)
 	w.mu.Unlock()

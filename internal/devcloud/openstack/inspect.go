@@ -23,6 +23,8 @@ type ServerInfo struct {
 	Networks         []string // names, in port order
 	Volumes          []string
 	Created          time.Time
+	// Launched is when it went ACTIVE (zero before).
+	Launched time.Time
 }
 
 // Servers lists the servers that are not deleted, oldest first.
@@ -37,7 +39,7 @@ func (c *Cloud) Servers() []ServerInfo {
 		}
 		si := ServerInfo{ID: s.id, Name: s.name, Status: s.status, AZ: s.az, Flavor: s.flavor.Name, ImageID: s.imageID,
 			KeyName: s.keyName, UserData: s.userData, ConfigDrive: s.configDrive, Deleting: s.taskState == "deleting",
-			Metadata: map[string]string{}, SecurityGroups: slices.Clone(s.secGroups), Created: s.created}
+			Metadata: map[string]string{}, SecurityGroups: slices.Clone(s.secGroups), Created: s.created, Launched: s.launchedAt}
 		if s.status == "ERROR" {
 			si.Fault = s.fault
 		}
