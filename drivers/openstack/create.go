@@ -56,7 +56,7 @@ type createMachine struct {
 	// machine was resumed, or a create call's outcome is unknown), so the
 	// step looks for it before creating one.
 	mayExist bool
-	server   *servers.Server // the ACTIVE server, once seen
+	server   *server // the ACTIVE server, once seen
 }
 
 // Create returns a machine that creates the server of one node; state is

@@ -83,7 +83,7 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			m.st.Volumes = append(m.st.Volumes, v.ID)
 		}
 		m.st.Step = delRelease
-		if !p.createsFloatingIPs() && !hasFloatingIP(s) {
+		if !p.createsFloatingIPs() && !hasFloatingIP(s.Addresses) {
 			// Nodepool made no floating IP for it: no need to look.
 			return drivers.Step{}, nil
 		}
@@ -199,9 +199,9 @@ func (p *Provider) createsFloatingIPs() bool {
 	return false
 }
 
-// hasFloatingIP reports whether a server shows a floating address.
-func hasFloatingIP(s *servers.Server) bool {
-	for _, list := range s.Addresses {
+// hasFloatingIP reports whether a server's addresses show a floating one.
+func hasFloatingIP(addresses map[string]any) bool {
+	for _, list := range addresses {
 		items, _ := list.([]any)
 		for _, item := range items {
 			if a, _ := item.(map[string]any); a["OS-EXT-IPS:type"] == "floating" {

@@ -7,17 +7,16 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 )
 
 // toInstance is a server as the launcher sees it.
-func (p *Provider) toInstance(s *servers.Server) drivers.Instance {
+func (p *Provider) toInstance(s *server) drivers.Instance {
 	inst := drivers.Instance{
-		ExternalID: s.ID, Name: s.Name, Tags: s.Metadata, AZ: s.AvailabilityZone, Region: p.region(),
-		Resources: drivers.Resources{Instances: 1},
+		ExternalID: s.ID, Name: s.Name, Tags: s.Metadata, AZ: s.AZ, Region: p.region(),
+		Resources: drivers.Resources{Instances: 1}, ImageID: s.imageID(),
 	}
 	if inst.Tags == nil {
 		inst.Tags = map[string]string{}
@@ -32,9 +31,6 @@ func (p *Provider) toInstance(s *servers.Server) drivers.Instance {
 		}
 		inst.Tags = tags
 	}
-	if id, ok := s.Image["id"].(string); ok {
-		inst.ImageID = id
-	}
 	inst.Resources.Cores, inst.Resources.RAM = p.serverSize(s)
 	p.setAddresses(&inst, s)
 	return inst
@@ -42,27 +38,14 @@ func (p *Provider) toInstance(s *servers.Server) drivers.Instance {
 
 // serverSize is the cores and RAM of a server's flavor: embedded in the
 // server (microversion 2.47 and later), or looked up by the flavor's id.
-func (p *Provider) serverSize(s *servers.Server) (int, int) {
-	num := func(v any) int {
-		switch n := v.(type) {
-		case float64:
-			return int(n)
-		case int:
-			return n
-		case interface{ Int64() (int64, error) }:
-			i, _ := n.Int64()
-			return int(i)
-		}
-		return 0
+func (p *Provider) serverSize(s *server) (int, int) {
+	if s.Flavor.ID == "" {
+		return s.Flavor.VCPUs, s.Flavor.RAM
 	}
-	if _, ok := s.Flavor["vcpus"]; ok {
-		return num(s.Flavor["vcpus"]), num(s.Flavor["ram"])
-	}
-	id, _ := s.Flavor["id"].(string)
 	p.catMu.Lock()
 	defer p.catMu.Unlock()
 	for _, f := range p.flavors {
-		if f.ID == id {
+		if f.ID == s.Flavor.ID {
 			return f.VCPUs, f.RAM
 		}
 	}
@@ -82,7 +65,7 @@ func (p *Provider) region() string {
 // IPs and fixed IPs on external networks are public, other fixed IPv4
 // addresses private, global IPv6 addresses public; the interface IP is
 // the public IPv4, else the public IPv6, else the private IPv4.
-func (p *Provider) setAddresses(inst *drivers.Instance, s *servers.Server) {
+func (p *Provider) setAddresses(inst *drivers.Instance, s *server) {
 	external := p.externalNames()
 	nets := make([]string, 0, len(s.Addresses))
 	for n := range s.Addresses {
@@ -90,15 +73,12 @@ func (p *Provider) setAddresses(inst *drivers.Instance, s *servers.Server) {
 	}
 	slices.Sort(nets)
 	for _, net := range nets {
-		list, _ := s.Addresses[net].([]any)
-		for _, item := range list {
-			a, _ := item.(map[string]any)
-			addr, _ := a["addr"].(string)
+		for _, a := range s.Addresses[net] {
+			addr, kind := a.Addr, a.Type
 			ip, err := netip.ParseAddr(addr)
 			if err != nil {
 				continue
 			}
-			kind, _ := a["OS-EXT-IPS:type"].(string)
 			switch {
 			case ip.Is4() && (kind == "floating" || external[net]):
 				if inst.PublicIPv4 == "" {

@@ -2,12 +2,14 @@ package openstack
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
-	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
-	"github.com/gophercloud/gophercloud/v2/pagination"
+	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/nodepool-nats/nodepool/internal/wait"
 )
@@ -35,7 +37,7 @@ type serverWatch struct {
 	p *Provider
 
 	mu        sync.Mutex
-	servers   map[string]servers.Server
+	servers   map[string]server
 	synced    bool
 	listedAt  time.Time // when the last good listing started (local clock)
 	cloudAt   time.Time // the cloud's Date of the last good listing
@@ -52,7 +54,7 @@ type refresh struct {
 }
 
 func newServerWatch(p *Provider) *serverWatch {
-	return &serverWatch{p: p, servers: map[string]servers.Server{}}
+	return &serverWatch{p: p, servers: map[string]server{}}
 }
 
 // await waits until a listing that started at or after since has been
@@ -85,16 +87,16 @@ func (w *serverWatch) await(ctx context.Context, since time.Time, read func()) e
 
 // get returns a server as a listing that started at or after since shows
 // it; ok is false when that listing does not show it (it is gone).
-func (w *serverWatch) get(ctx context.Context, id string, since time.Time) (s servers.Server, ok bool, err error) {
+func (w *serverWatch) get(ctx context.Context, id string, since time.Time) (s server, ok bool, err error) {
 	err = w.await(ctx, since, func() { s, ok = w.servers[id] })
 	return s, ok, err
 }
 
 // snapshot lists every server, as of a listing at most maxAge old.
-func (w *serverWatch) snapshot(ctx context.Context, maxAge time.Duration) ([]servers.Server, error) {
-	var out []servers.Server
+func (w *serverWatch) snapshot(ctx context.Context, maxAge time.Duration) ([]server, error) {
+	var out []server
 	err := w.await(ctx, time.Now().Add(-maxAge), func() {
-		out = make([]servers.Server, 0, len(w.servers))
+		out = make([]server, 0, len(w.servers))
 		for _, s := range w.servers {
 			out = append(out, s)
 		}
@@ -131,7 +133,7 @@ func (w *serverWatch) run(r *refresh) {
 		return
 	}
 	if full {
-		w.servers = map[string]servers.Server{}
+		w.servers = map[string]server{}
 		w.fullAt = start
 	}
 	for _, s := range got {
@@ -151,31 +153,91 @@ func (w *serverWatch) run(r *refresh) {
 // bgDone is closed when the provider closes.
 func (w *serverWatch) bgDone() context.Context { return w.p.bg }
 
-// list lists the servers (those changed since since, unless full), and
-// the cloud's Date of the answer.
-func (w *serverWatch) list(ctx context.Context, full bool, since time.Time) ([]servers.Server, time.Time, error) {
+// server is what the driver reads of a Nova server: the fields of a
+// listing it uses, decoded once (a listing of hundreds of servers is
+// decoded every poll).
+type server struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	Status    string            `json:"status"`
+	TaskState string            `json:"OS-EXT-STS:task_state"`
+	AZ        string            `json:"OS-EXT-AZ:availability_zone"`
+	Metadata  map[string]string `json:"metadata"`
+	Addresses map[string][]struct {
+		Addr string `json:"addr"`
+		Type string `json:"OS-EXT-IPS:type"`
+	} `json:"addresses"`
+	// Flavor holds vcpus and ram from microversion 2.47, an id before.
+	Flavor struct {
+		ID    string `json:"id"`
+		VCPUs int    `json:"vcpus"`
+		RAM   int    `json:"ram"`
+	} `json:"flavor"`
+	// Image is {"id": ...}, or "" for a server booted from a volume.
+	Image json.RawMessage `json:"image"`
+	Fault struct {
+		Message string `json:"message"`
+	} `json:"fault"`
+}
+
+// imageID is the id of the image the server booted from ("" from a
+// volume).
+func (s *server) imageID() string {
+	var img struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(s.Image, &img) != nil {
+		return ""
+	}
+	return img.ID
+}
+
+// list lists the servers (those changed since since, unless full), page
+// by page as Nova links them, and the cloud's Date of the first answer.
+func (w *serverWatch) list(ctx context.Context, full bool, since time.Time) ([]server, time.Time, error) {
 	cl, err := w.p.client(ctx)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	opts := servers.ListOpts{}
+	q := url.Values{}
 	if !full {
-		opts.ChangesSince = since.UTC().Format(time.RFC3339)
+		q.Set("changes-since", since.UTC().Format(time.RFC3339))
 	}
-	var out []servers.Server
+	next := cl.compute.ServiceURL("servers", "detail")
+	if len(q) > 0 {
+		next += "?" + q.Encode()
+	}
+	var out []server
 	var date time.Time
-	err = servers.List(cl.compute, opts).EachPage(ctx, func(_ context.Context, pg pagination.Page) (bool, error) {
-		if sp, ok := pg.(servers.ServerPage); ok && date.IsZero() {
-			if d, err := http.ParseTime(sp.Header.Get("Date")); err == nil {
+	for pages := 0; next != ""; pages++ {
+		if pages > 10000 {
+			return nil, time.Time{}, fmt.Errorf("listing servers: more than 10000 pages")
+		}
+		var page struct {
+			Servers []server `json:"servers"`
+			Links   []struct {
+				Rel  string `json:"rel"`
+				Href string `json:"href"`
+			} `json:"servers_links"`
+		}
+		resp, err := cl.compute.Get(ctx, next, &page, &gophercloud.RequestOpts{
+			OkCodes: []int{200}, MoreHeaders: map[string]string{"X-OpenStack-Nova-API-Version": cl.compute.Microversion},
+		})
+		if err != nil {
+			return nil, time.Time{}, wrapf(err, "listing servers")
+		}
+		if date.IsZero() && resp != nil {
+			if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 				date = d
 			}
 		}
-		ss, err := servers.ExtractServers(pg)
-		out = append(out, ss...)
-		return true, err
-	})
-	if err != nil {
-		return nil, time.Time{}, wrapf(err, "listing servers")
+		out = append(out, page.Servers...)
+		next = ""
+		for _, l := range page.Links {
+			if l.Rel == "next" && len(page.Servers) > 0 {
+				next = l.Href
+			}
+		}
 	}
 	return out, date, nil
 }
