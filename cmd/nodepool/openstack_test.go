@@ -262,3 +262,70 @@ func glance(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
 	}
 	return c
 }
+
+// Quota on OpenStack: Nova's limits hold requests back until a node is
+// given back, and a create Nova refuses for quota waits instead of
+// failing the launch.
+func TestOpenStackQuotaWaits(t *testing.T) {
+	t.Parallel()
+	q := devos.Quota{Instances: 2, Cores: -1, RAM: -1, Volumes: -1, Gigabytes: -1, FloatingIPs: -1}
+	cloud, cloudEnv := startDevCloud(t, devos.Options{BootTime: 100 * time.Millisecond, Quota: &q})
+	cfg := writeConfig(t, `
+labels: [{name: small}]
+providers:
+  - name: cloud1
+    cloud: dev
+    rate: 0
+    cloud-images: [{name: cirros, image-name: cirros-0.6.2-x86_64-disk}]
+    pools:
+      - name: main
+        host-key-checking: false
+        auto-floating-ip: false
+        labels: [{name: small, cloud-image: cirros, flavor-name: m1.tiny}]
+`)
+	port := freePort(t)
+	env := runEnv(t, t.TempDir(), port)
+	for k, v := range cloudEnv {
+		env[k] = v
+	}
+	// The first create is refused as over quota (another tenant took the
+	// room a moment): the launch waits and goes on.
+	cloud.FailNextCreates(1, 403, "")
+	p := startRun(t, env, "-c", cfg)
+	p.waitLog("launcher running", 60*time.Second)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	rec := watchRecords(t, url, "")
+	for _, id := range []string{"q1", "q2", "q3"} {
+		if _, err := rec.client.Submit(t.Context(), events.RequestMessage{ID: id, Labels: []string{"small"}, Requestor: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fulfilled := func() []string {
+		var ids []string
+		rec.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+			if e.Value.State == kv.RequestFulfilled {
+				ids = append(ids, e.Key)
+			}
+			return true
+		})
+		return ids
+	}
+	rec.until(60*time.Second, "two requests fulfilled within the quota of two servers", func() bool { return len(fulfilled()) == 2 })
+	if r, _ := rec.requests.Get("q3"); r.Value.State == kv.RequestFulfilled || r.Value.State == kv.RequestFailed {
+		t.Errorf("the third request is %s: %s", r.Value.State, r.Value.Reason)
+	}
+	if n := len(cloud.Servers()); n != 2 {
+		t.Errorf("%d servers within a quota of 2", n)
+	}
+	// Give a node back: the waiting request gets the room.
+	first, _ := rec.requests.Get(fulfilled()[0])
+	cli := map[string]string{"NODEPOOL_NATS_URL": url, "NODEPOOL_CONFIG": cfg}
+	node := first.Value.Nodes[0]
+	if _, errOut, code := nodepool(t, cli, "delete", node); code != 0 {
+		t.Fatalf("delete: %s", errOut)
+	}
+	rec.until(60*time.Second, "all three requests fulfilled", func() bool { return len(fulfilled()) == 3 })
+	if out := p.output(); !strings.Contains(out, "cloud asks to wait") || !strings.Contains(out, "Quota exceeded for instances") {
+		t.Error("the refused create did not make the launch wait")
+	}
+}
