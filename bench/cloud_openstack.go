@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -47,8 +46,8 @@ providers:
 		if err != nil {
 			return CloudRun{}, err
 		}
-		file := filepath.Join(workDir, "clouds.yaml")
-		if err := os.WriteFile(file, []byte(srv.CloudsYAML("devcloud")), 0o600); err != nil {
+		file, err := srv.WriteCloudsYAML(filepath.Join(workDir, "clouds.yaml"), "devcloud")
+		if err != nil {
 			_ = srv.Close()
 			return CloudRun{}, err
 		}
@@ -70,7 +69,7 @@ providers:
 				}
 				return out
 			},
-			Stop:    func() { _ = srv.Close() },
+			Stop: func() { _ = srv.Close() },
 		}, nil
 	},
 }

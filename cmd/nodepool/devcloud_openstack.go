@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -57,14 +56,13 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 				return err
 			}
 			defer srv.Close()
-			clouds := srv.CloudsYAML(name)
 			if cloudsFile != "" {
-				if err := os.WriteFile(cloudsFile, []byte(clouds), 0o600); err != nil {
+				if _, err := srv.WriteCloudsYAML(cloudsFile, name); err != nil {
 					return err
 				}
 				fmt.Fprintf(a.err, "wrote %s\n", cloudsFile)
 			} else {
-				fmt.Fprint(a.out, clouds)
+				fmt.Fprint(a.out, srv.CloudsYAML(name))
 			}
 			fmt.Fprintf(a.err, "dev cloud (OpenStack) listening on %s; auth_url %s; cloud %q; stop with Ctrl-C\n", srv.URL, srv.AuthURL(), name)
 			<-cmd.Context().Done()

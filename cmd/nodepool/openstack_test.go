@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -32,8 +31,8 @@ func startDevCloud(t *testing.T, opts devos.Options) (*devos.Server, map[string]
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	file := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(file, []byte(srv.CloudsYAML("dev")), 0o600); err != nil {
+	file, err := srv.WriteCloudsYAML(filepath.Join(t.TempDir(), "clouds.yaml"), "dev")
+	if err != nil {
 		t.Fatal(err)
 	}
 	return srv, map[string]string{"OS_CLIENT_CONFIG_FILE": file}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -43,8 +42,8 @@ func newEnv(t *testing.T, nodepoolYAML string, opts devos.Options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	file := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(file, []byte(srv.CloudsYAML("dev")), 0o600); err != nil {
+	file, err := srv.WriteCloudsYAML(filepath.Join(t.TempDir(), "clouds.yaml"), "dev")
+	if err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Parse("nodepool.yaml", []byte(nodepoolYAML))

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -349,6 +350,15 @@ func (s *Server) CloudsYAML(name string) string {
 			name, s.AuthURL(), o.AppCredentialID, o.AppCredentialSecret, o.Region)
 	}
 	return b.String()
+}
+
+// WriteCloudsYAML writes CloudsYAML(name) to a file (readable by its owner
+// only: it holds the password) and returns the file's path.
+func (s *Server) WriteCloudsYAML(path, name string) (string, error) {
+	if err := os.WriteFile(path, []byte(s.CloudsYAML(name)), 0o600); err != nil {
+		return "", fmt.Errorf("writing clouds.yaml: %w", err)
+	}
+	return path, nil
 }
 
 // newID returns a random UUID (version 4), as OpenStack ids are.

@@ -51,8 +51,8 @@ func start(t *testing.T, opts devos.Options, cloud string) (*devos.Server, clien
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	file := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(file, []byte(srv.CloudsYAML("dev")), 0o600); err != nil {
+	file, err := srv.WriteCloudsYAML(filepath.Join(t.TempDir(), "clouds.yaml"), "dev")
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
@@ -372,8 +372,8 @@ func TestOpenStackCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(file, []byte(srv.CloudsYAML("dev")), 0o600); err != nil {
+	file, err := srv.WriteCloudsYAML(filepath.Join(t.TempDir(), "clouds.yaml"), "dev")
+	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.CommandContext(t.Context(), cli, "--os-cloud", "dev", "server", "list", "-f", "value", "-c", "Name", "-c", "Status", "-c", "Flavor")
