@@ -41,7 +41,8 @@ type CloudRun struct {
 	Calls   func() (calls, refused int)
 	Servers func() int
 	// Times are when each server (by id) was created and became ACTIVE,
-	// by the cloud's clock.
+	// by the cloud's clock (nil: the cloud does not say, and the phases
+	// of a launch are not reported).
 	Times func() map[string][2]time.Time
 	Stop  func()
 }
@@ -49,7 +50,12 @@ type CloudRun struct {
 // CloudTargets are the clouds the cloud scenario knows, by name.
 var CloudTargets = map[string]CloudTarget{
 	"openstack": openstackTarget,
+	"aws":       awsTarget,
 }
+
+// defaultCloud is the cloud of the cloud scenario when --cloud is not
+// given.
+func defaultCloud() string { return "openstack" }
 
 func cloudNames() string {
 	var names []string
@@ -72,7 +78,7 @@ func runCloud(ctx context.Context, o Options, n int) ([]Result, error) {
 	}
 	co := o.Cloud
 	if co.Name == "" {
-		co.Name = "openstack"
+		co.Name = defaultCloud()
 	}
 	target, ok := CloudTargets[co.Name]
 	if !ok {
@@ -169,7 +175,10 @@ func cloudBatch(ctx context.Context, s *System, cloud CloudRun, n int) (Result, 
 		return Result{}, nil, err
 	}
 	lat, first, last := latencies(t, ids, sent)
-	times := cloud.Times()
+	times := map[string][2]time.Time{}
+	if cloud.Times != nil {
+		times = cloud.Times()
+	}
 	var toRecord, toCreate, boot, toReady, toFulfilled []time.Duration
 	t.mu.Lock()
 	for _, r := range reqs {
@@ -189,9 +198,12 @@ func cloudBatch(ctx context.Context, s *System, cloud CloudRun, n int) (Result, 
 	}
 	t.mu.Unlock()
 	ms := func(ds []time.Duration) float64 { return float64(Summarise(ds).P50) / float64(time.Millisecond) }
-	phases := map[string]float64{
-		"request_to_record_p50_ms": ms(toRecord), "record_to_create_p50_ms": ms(toCreate), "boot_p50_ms": ms(boot),
-		"active_to_ready_p50_ms": ms(toReady), "ready_to_fulfilled_p50_ms": ms(toFulfilled),
+	phases := map[string]float64{}
+	if len(boot) > 0 {
+		phases = map[string]float64{
+			"request_to_record_p50_ms": ms(toRecord), "record_to_create_p50_ms": ms(toCreate), "boot_p50_ms": ms(boot),
+			"active_to_ready_p50_ms": ms(toReady), "ready_to_fulfilled_p50_ms": ms(toFulfilled),
+		}
 	}
 	nodes, err := takeAll(ctx, s.Client, reqs)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,6 +118,9 @@ type Builder struct {
 	active map[string]bool // builds and uploads running in this process
 
 	metrics *Metrics
+
+	// up is true while every worker group of this builder is running.
+	up atomic.Bool
 }
 
 // New prepares a builder; Run starts it.
@@ -177,6 +181,13 @@ func (b *Builder) Builds() *kv.Cache[kv.ImageBuild] { return b.builds }
 
 // Uploads is the builder's view of the upload records.
 func (b *Builder) Uploads() *kv.Cache[kv.ImageUpload] { return b.uploads }
+
+// Images is the builder's view of the image records (pause, ids).
+func (b *Builder) Images() *kv.Cache[kv.DiskImage] { return b.images }
+
+// Running reports whether the builder has started every worker group and
+// is not stopping (readiness).
+func (b *Builder) Running() bool { return b.up.Load() }
 
 // ackWait is how long a trigger stays with a worker that stopped telling
 // the server it still works on it: long enough for the worker's leases to
@@ -244,7 +255,9 @@ func (b *Builder) Run(ctx context.Context) error {
 
 	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,
 		"images", len(b.cfg.DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
+	b.up.Store(true)
 	<-ctx.Done()
+	b.up.Store(false)
 	b.log.Info("builder stopping")
 	wg.Wait()
 	if b.opts.Register {

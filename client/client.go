@@ -176,6 +176,12 @@ func (c *Client) Renew(ctx context.Context, nodeID, holder string, leaseUntil ti
 
 // Return gives a node back (state used); nodepool then deletes it.
 func (c *Client) Return(ctx context.Context, nodeID string) error {
+	return c.ReturnAs(ctx, nodeID, Guard{Force: true})
+}
+
+// ReturnAs gives a node back on behalf of g.Holder: it refuses a node held
+// by someone else, allocated to a request, or on hold, unless g.Force.
+func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
 	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
@@ -183,6 +189,9 @@ func (c *Client) Return(ctx context.Context, nodeID string) error {
 			return kv.ErrSkip
 		default:
 			return fmt.Errorf("node %s is %s; only in-use, ready or held nodes can be returned", nodeID, n.State)
+		}
+		if err := g.check(ctx, n, c.b.Requests); err != nil {
+			return err
 		}
 		n.SetState(kv.NodeUsed, time.Now().UTC())
 		return nil
@@ -216,11 +225,21 @@ func (c *Client) Hold(ctx context.Context, nodeID, reason string, expire time.Du
 }
 
 // DeleteNode asks for a node to be deleted whatever its state (an
-// operator's `nodepool delete`).
+// operator's `nodepool delete --force`).
 func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {
+	return c.DeleteNodeAs(ctx, nodeID, Guard{Force: true})
+}
+
+// DeleteNodeAs asks for a node to be deleted on behalf of g.Holder: it
+// refuses a node held by someone else, allocated to a request, or on hold,
+// unless g.Force.
+func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error {
 	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
 		if n.State == kv.NodeDeleting {
 			return kv.ErrSkip
+		}
+		if err := g.check(ctx, n, c.b.Requests); err != nil {
+			return err
 		}
 		n.SetState(kv.NodeDeleting, time.Now().UTC())
 		n.Launcher = ""

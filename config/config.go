@@ -192,6 +192,7 @@ type Provider struct {
 
 	FakeProvider      `yaml:",inline"`
 	OpenStackProvider `yaml:",inline"`
+	AWSProvider       `yaml:",inline"`
 
 	// set holds the keys written in the file.
 	set map[string]bool
@@ -217,6 +218,7 @@ type Pool struct {
 	StaticPool     `yaml:",inline"`
 	MetastaticPool `yaml:",inline"`
 	OpenStackPool  `yaml:",inline"`
+	AWSPool        `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -238,6 +240,8 @@ type PoolLabel struct {
 	MetastaticLabel `yaml:",inline"`
 	// An openstack label's keys (see openstack.go).
 	OpenStackLabel `yaml:",inline"`
+	// An aws label's keys (see aws.go).
+	AWSLabel `yaml:",inline"`
 
 	set map[string]bool
 }

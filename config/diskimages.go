@@ -68,9 +68,15 @@ type Diskimage struct {
 	// a driver adds its own nodepool_* ones.
 	Metadata Attributes `yaml:"metadata"`
 
-	// set holds the keys written in the file, for inheritance.
-	set map[string]bool
+	// set holds the keys written in the file, for inheritance; secret
+	// the env-vars the secure file gave.
+	set    map[string]bool
+	secret map[string]bool
 }
+
+// SecretEnv reports whether an env-var came from the secure file, so its
+// value is not written where it could be read (build logs).
+func (di *Diskimage) SecretEnv(name string) bool { return di.secret[name] }
 
 // ProviderDiskimage is an entry of a provider's `diskimages`: an image to
 // upload to this provider, and how nodes booted from it are reached.
@@ -86,6 +92,8 @@ type ProviderDiskimage struct {
 
 	// The keys an openstack provider adds (see openstack.go).
 	OpenStackDiskimage `yaml:",inline"`
+	// The keys an aws provider adds (aws.go).
+	AWSDiskimage `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -375,6 +383,17 @@ func (c *Config) ImageProviders(image string) []*Provider {
 		}
 	}
 	return out
+}
+
+// LoggedEnv is Env with the values of the secure file's variables hidden.
+func (c *Config) LoggedEnv(di *Diskimage) []string {
+	env := c.Env(di)
+	for i, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); di.SecretEnv(k) {
+			env[i] = k + "=<from the secure file>"
+		}
+	}
+	return env
 }
 
 // Env is the environment of the image's build command besides the

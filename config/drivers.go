@@ -53,7 +53,7 @@ var driverSpecs = map[string]driverSpec{
 	"static":        {available: true, defaults: staticDefaults, validate: validateStatic},
 	"metastatic":    {available: true, defaults: metastaticDefaults, validate: validateMetastatic},
 	"openstack":     {available: true, defaults: openstackDefaults, validate: validateOpenStack},
-	"aws":           {missing: "is not available in this build yet", bootTimeout: 180 * time.Second, rate: 2},
+	"aws":           {available: true, bootTimeout: 180 * time.Second, rate: 2, defaults: awsDefaults, validate: validateAWS},
 	"azure":         {missing: "was not carried over from Nodepool"},
 	"gce":           {missing: "was not carried over from Nodepool"},
 	"ibmvpc":        {missing: "was not carried over from Nodepool"},

@@ -35,19 +35,19 @@ type OpenStackProvider struct {
 	// between API calls (0: no pacing). Provider.Rate holds it as calls
 	// per second.
 	RateSeconds     float64 `yaml:"rate" drivers:"openstack"`
-	RegionName      string  `yaml:"region-name" drivers:"openstack"`
+	Region          string  `yaml:"region-name" drivers:"openstack"`
 	ImageNameFormat string  `yaml:"image-name-format" drivers:"openstack"`
 	// PostUploadHook runs after an upload, before the image is used:
 	// HOOK PROVIDER EXTERNAL_IMAGE_ID LOCAL_IMAGE_FILENAME; a failure
 	// deletes the image.
-	PostUploadHook      string   `yaml:"post-upload-hook" drivers:"openstack"`
+	UploadHook          string   `yaml:"post-upload-hook" drivers:"openstack"`
 	CleanFloatingIPs    *bool    `yaml:"clean-floating-ips" drivers:"openstack"`
 	PortCleanupInterval Duration `yaml:"port-cleanup-interval" drivers:"openstack"`
 	ImageUploadTimeout  Duration `yaml:"image-upload-timeout" drivers:"openstack"`
 	// NodepoolID is Nodepool's deprecated nodepool-id: when set, instances
 	// are tagged with it and only instances carrying it count as ours.
-	NodepoolID  string                `yaml:"nodepool-id" drivers:"openstack"`
-	CloudImages []OpenStackCloudImage `yaml:"cloud-images" drivers:"openstack"`
+	NodepoolID           string                `yaml:"nodepool-id" drivers:"openstack"`
+	OpenStackCloudImages []OpenStackCloudImage `yaml:"cloud-images" drivers:"openstack"`
 }
 
 // OpenStackCloudImage is an entry of an openstack provider's cloud-images:
@@ -126,10 +126,10 @@ func (op *OpenStackProvider) CleansFloatingIPs() bool {
 }
 
 // CloudImage returns the provider's cloud-images entry of that name.
-func (op *OpenStackProvider) CloudImage(name string) (*OpenStackCloudImage, bool) {
-	for i := range op.CloudImages {
-		if op.CloudImages[i].Name == name {
-			return &op.CloudImages[i], true
+func (op *OpenStackProvider) OpenStackCloudImage(name string) (*OpenStackCloudImage, bool) {
+	for i := range op.OpenStackCloudImages {
+		if op.OpenStackCloudImages[i].Name == name {
+			return &op.OpenStackCloudImages[i], true
 		}
 	}
 	return nil, false
@@ -137,7 +137,7 @@ func (op *OpenStackProvider) CloudImage(name string) (*OpenStackCloudImage, bool
 
 // ChecksHostKeys reports whether a label's nodes have their SSH host keys
 // scanned (the label's host-key-checking, else the pool's, default true).
-func (p *Pool) ChecksHostKeys(pl *PoolLabel) bool {
+func (p *Pool) ChecksLabelHostKeys(pl *PoolLabel) bool {
 	switch {
 	case pl.CheckHostKeys != nil:
 		return *pl.CheckHostKeys
@@ -180,8 +180,8 @@ func openstackDefaults(p *Provider) {
 	if op.ImageUploadTimeout == 0 {
 		op.ImageUploadTimeout = Duration(DefaultImageUploadTimeout)
 	}
-	for i := range op.CloudImages {
-		ci := &op.CloudImages[i]
+	for i := range op.OpenStackCloudImages {
+		ci := &op.OpenStackCloudImages[i]
 		if ci.Username == "" {
 			ci.Username = DefaultCloudImageUsername
 		}
@@ -247,7 +247,7 @@ func validateOpenStack(c *Config, v *validation, i int) {
 		}
 	}
 	images := map[string]bool{}
-	for j, ci := range op.CloudImages {
+	for j, ci := range op.OpenStackCloudImages {
 		cpath := indexPath(path+".cloud-images", j)
 		cat := func(rest ...any) *yaml.Node { return at(append([]any{"cloud-images", j}, rest...)...) }
 		if images[ci.Name] {
@@ -303,8 +303,8 @@ func validateOpenStack(c *Config, v *validation, i int) {
 }
 
 func cloudImageNames(op *OpenStackProvider) []string {
-	names := make([]string, len(op.CloudImages))
-	for i, ci := range op.CloudImages {
+	names := make([]string, len(op.OpenStackCloudImages))
+	for i, ci := range op.OpenStackCloudImages {
 		names[i] = ci.Name
 	}
 	if len(names) == 0 {

@@ -92,8 +92,8 @@ func TestParseOpenStack(t *testing.T) {
 	if p.Driver != "openstack" {
 		t.Errorf("driver left out is %q, want openstack", p.Driver)
 	}
-	if p.Cloud != "example" || p.RegionName != "region1" || p.RateSeconds != 0.5 || p.CallsPerSecond() != 2 {
-		t.Errorf("provider: cloud %q region %q rate %g (%g calls/s)", p.Cloud, p.RegionName, p.RateSeconds, p.CallsPerSecond())
+	if p.Cloud != "example" || p.Region != "region1" || p.RateSeconds != 0.5 || p.CallsPerSecond() != 2 {
+		t.Errorf("provider: cloud %q region %q rate %g (%g calls/s)", p.Cloud, p.Region, p.RateSeconds, p.CallsPerSecond())
 	}
 	if p.CleansFloatingIPs() || p.PortCleanupInterval != 0 || p.ImageUploadTimeout.D() != 10*time.Minute || p.NodepoolID != "prod" {
 		t.Errorf("cleanup keys: %+v", p.OpenStackProvider)
@@ -106,11 +106,11 @@ func TestParseOpenStack(t *testing.T) {
 	if trusty.Meta["key2"] != "value" || precise.ConfigDrive == nil || !*precise.ConfigDrive || trusty.ConnectionPort != 22 {
 		t.Errorf("diskimages: %+v %+v", trusty, precise)
 	}
-	win, ok := p.CloudImage("windows-external")
+	win, ok := p.OpenStackCloudImage("windows-external")
 	if !ok || win.Ref() != "1234" || win.ConnectionPort != 5986 || win.ShellType != "powershell" || *win.ConfigDrive {
 		t.Errorf("cloud image: %+v", win)
 	}
-	ext, _ := p.CloudImage("trusty-external")
+	ext, _ := p.OpenStackCloudImage("trusty-external")
 	if ext.Ref() != "Ubuntu 14.04" || ext.Username != "zuul" || ext.PythonPath != "auto" || ext.ConnectionType != "ssh" {
 		t.Errorf("cloud image defaults: %+v", ext)
 	}
@@ -123,7 +123,7 @@ func TestParseOpenStack(t *testing.T) {
 	if !tl.BootFromVolume || tl.VolumeSize != 80 || tl.KeyName != "zuul" || !tl.ConsoleLog || tl.InstanceProperties["a"] != "b" {
 		t.Errorf("label trusty: %+v", tl.OpenStackLabel)
 	}
-	if !pool.ChecksHostKeys(&tl) || pool.ChecksHostKeys(&pl) {
+	if !pool.ChecksLabelHostKeys(&tl) || pool.ChecksLabelHostKeys(&pl) {
 		t.Error("host-key-checking: the label's overrides the pool's")
 	}
 	if got := pool.LabelNetworks(&pl); strings.Join(got, ",") != "public,private" {
@@ -159,7 +159,7 @@ providers:
 		t.Errorf("defaults: %+v", p.OpenStackProvider)
 	}
 	pool := &p.Pools[0]
-	if !pool.AutoFloatingIPs() || !pool.ChecksHostKeys(&pool.Labels[0]) {
+	if !pool.AutoFloatingIPs() || !pool.ChecksLabelHostKeys(&pool.Labels[0]) {
 		t.Error("auto-floating-ip and host-key-checking default to true")
 	}
 	// rate: 0 turns pacing off.

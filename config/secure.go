@@ -55,8 +55,12 @@ func (c *Config) mergeSecure(d *decoder, file string, data []byte) {
 		if di.EnvVars == nil {
 			di.EnvVars = map[string]string{}
 		}
+		if di.secret == nil {
+			di.secret = map[string]bool{}
+		}
 		for k, v := range sdi.EnvVars {
 			di.EnvVars[k] = v
+			di.secret[k] = true
 		}
 	}
 }

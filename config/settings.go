@@ -40,6 +40,7 @@ type Settings struct {
 	// HTTPAddrSet tells whether NODEPOOL_HTTP_ADDR (or --http-addr) was
 	// given; if not, nodepool.yaml's webapp section may set the address.
 	HTTPAddrSet  bool          `ignored:"true"`
+	PprofAddr    string        `envconfig:"PPROF_ADDR" desc:"address of Go's profiling endpoints (/debug/pprof/); empty (the default) turns them off"`
 	Replicas     int           `envconfig:"REPLICAS" default:"1" desc:"replicas for streams and buckets: 1, 3 or 5"`
 	LeaseTTL     time.Duration `envconfig:"LEASE_TTL" default:"10s" desc:"how long a lease or heartbeat lives without renewal"`
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`

@@ -85,6 +85,9 @@ func (c *cleanup) run(ctx context.Context) {
 		c.requests(ctx)
 		for name, drv := range c.l.opts.Providers {
 			c.leaks(ctx, &wg, name, drv)
+			if in, ok := drivers.As[drivers.Interrupter](drv); ok {
+				c.interruptions(ctx, name, in)
+			}
 			if sw, ok := drivers.As[drivers.Sweeper](drv); ok {
 				if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
 					c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
@@ -374,6 +377,54 @@ func (c *cleanup) purge(ctx context.Context) {
 	for _, b := range []jetstream.KeyValue{c.l.b.Nodes.Bucket(), c.l.b.Requests.Bucket()} {
 		if err := b.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(30*time.Minute)); err != nil && ctx.Err() == nil {
 			c.l.log.Debug("could not purge delete markers", "bucket", b.Bucket(), "err", err)
+		}
+	}
+}
+
+// interruptions acts on the instances a provider's cloud is taking back:
+// a ready node that nobody took is deleted (a pending request it was
+// planned for gets another one), a node in use, held, or waiting for its
+// requestor to take it gets the reason in its `reason`.
+func (c *cleanup) interruptions(ctx context.Context, provider string, drv drivers.Interrupter) {
+	l := c.l
+	list, err := drv.Interruptions(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("could not read the cloud's interruptions", "provider", provider, "err", err)
+		}
+		return
+	}
+	for _, in := range list {
+		e, ok := l.nodes.Get(in.NodeID)
+		if !ok || e.Value.Provider != provider || e.Value.ExternalID != in.ExternalID {
+			continue
+		}
+		_, err := l.nodes.Modify(ctx, in.NodeID, func(n *kv.Node) error {
+			if n.ExternalID != in.ExternalID {
+				return kv.ErrSkip
+			}
+			replace := n.State == kv.NodeReady && n.AllocatedTo == ""
+			if n.State == kv.NodeReady && n.AllocatedTo != "" {
+				r, ok := l.requests.Get(n.AllocatedTo)
+				replace = !ok || r.Value.State == kv.RequestPending
+			}
+			switch {
+			case replace:
+				l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", in.Reason)
+				n.SetState(kv.NodeDeleting, time.Now().UTC())
+				n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", in.Reason
+			case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != in.Reason:
+				l.log.Info("the cloud takes back the instance of a node in use", "node", n.ID, "external_id", n.ExternalID, "state", n.State, "why", in.Reason)
+				n.Reason = in.Reason
+			default:
+				return kv.ErrSkip
+			}
+			return nil
+		})
+		if err == nil {
+			l.metrics.Interruptions.Add(1)
+		} else if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not act on an interruption", "node", in.NodeID, "err", err)
 		}
 	}
 }

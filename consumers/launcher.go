@@ -81,6 +81,8 @@ type Launcher struct {
 	// fencedOff is set while the process is fenced and its machines
 	// stopped.
 	fencedOff atomic.Bool
+	// running is true while every worker group of this launcher is up.
+	running atomic.Bool
 }
 
 // NewLauncher prepares a launcher; Run starts it.
@@ -149,6 +151,13 @@ func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
 
 // Requests is the launcher's view of the requests bucket.
 func (l *Launcher) Requests() *kv.Cache[kv.Request] { return l.requests }
+
+// Components is the launcher's view of the live components.
+func (l *Launcher) Components() *kv.Cache[kv.Component] { return l.components }
+
+// Running reports whether the launcher has started every worker group and
+// is not stopping (readiness).
+func (l *Launcher) Running() bool { return l.running.Load() }
 
 // Run runs the launcher's worker groups until ctx ends, then shuts down:
 // consumers stop taking messages, launches in flight stop after their
@@ -226,7 +235,9 @@ func (l *Launcher) Run(ctx context.Context) error {
 	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", cl.run)) })
 
 	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	l.running.Store(true)
 	<-ctx.Done()
+	l.running.Store(false)
 	l.log.Info("launcher stopping")
 
 	// Stop taking new messages; what was taken and not acknowledged is

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,30 +38,66 @@ func limit(v int) int {
 	return v
 }
 
-// poolLimits are the pool's own limits.
+// poolLimits are the pool's own limits (with an aws pool's max-resources
+// and an openstack pool's max-volumes and max-volume-gb).
 func poolLimits(p *config.Pool) kv.Resources {
-	return kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM),
-		Volumes: limit(p.MaxVolumes), VolumeGB: limit(p.MaxVolumeGB)}
-}
-
-// tenantLimits are a tenant's limits: servers, cores, RAM, and the
-// volumes (max-volumes, max-volume-gb) OpenStack nodes booted from volumes
-// hold; other keys are limits of drivers this build does not count.
-func tenantLimits(tl config.TenantLimit) kv.Resources {
-	r := kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM),
-		Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
-	if v, ok := tl.Resources["max-volumes"]; ok {
-		r.Volumes = limit(v)
-	}
-	if v, ok := tl.Resources["max-volume-gb"]; ok {
-		r.VolumeGB = limit(v)
-	}
+	r := kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
+	r.Other = otherLimits(p.AWSPool.MaxResources)
+	r.Other = volumeLimits(r.Other, p.MaxVolumes, p.MaxVolumeGB)
 	return r
 }
 
+// tenantLimits are a tenant's limits; its other keys (AWS quota codes)
+// limit the resources of that name, and max-volumes and max-volume-gb the
+// volumes of OpenStack nodes booted from volumes.
+func tenantLimits(tl config.TenantLimit) kv.Resources {
+	r := kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM)}
+	r.Other = otherLimits(tl.Resources)
+	vols, gb := config.Unlimited, config.Unlimited
+	if v, ok := tl.Resources["max-volumes"]; ok {
+		vols = v
+	}
+	if v, ok := tl.Resources["max-volume-gb"]; ok {
+		gb = v
+	}
+	r.Other = volumeLimits(r.Other, vols, gb)
+	return r
+}
+
+// volumeLimits adds limits of volumes and their size (the resources
+// drivers.ResourceVolumes and ResourceVolumeGB) to other; a limit not set
+// (config.Unlimited) is left out, so it limits nothing.
+func volumeLimits(other map[string]int, volumes, gb int) map[string]int {
+	for k, v := range map[string]int{drivers.ResourceVolumes: volumes, drivers.ResourceVolumeGB: gb} {
+		if v == config.Unlimited {
+			continue
+		}
+		if other == nil {
+			other = map[string]int{}
+		}
+		other[k] = limit(v)
+	}
+	return other
+}
+
+// otherLimits are limits of resources other than servers, cores and RAM,
+// by name (keys written max-something are not resource names).
+func otherLimits(m map[string]int) map[string]int {
+	var out map[string]int
+	for k, v := range m {
+		if strings.HasPrefix(k, "max-") {
+			continue
+		}
+		if out == nil {
+			out = map[string]int{}
+		}
+		out[k] = max(v, 0)
+	}
+	return out
+}
+
 // unlimited is a quota that is never reached.
-var unlimited = kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited,
-	Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
+var unlimited = kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}
 
 // exceeds reports the first dimension in which need is more than limit.
 func exceeds(need, limit kv.Resources) (string, bool) {
@@ -70,10 +108,12 @@ func exceeds(need, limit kv.Resources) (string, bool) {
 		return fmt.Sprintf("%d cores, limit %d", need.Cores, limit.Cores), true
 	case need.RAM > limit.RAM:
 		return fmt.Sprintf("%d MB of RAM, limit %d", need.RAM, limit.RAM), true
-	case need.Volumes > 0 && need.Volumes > limit.Volumes:
-		return fmt.Sprintf("%d volumes, limit %d", need.Volumes, limit.Volumes), true
-	case need.VolumeGB > 0 && need.VolumeGB > limit.VolumeGB:
-		return fmt.Sprintf("%d GB of volumes, limit %d", need.VolumeGB, limit.VolumeGB), true
+	}
+	for _, k := range slices.Sorted(maps.Keys(need.Other)) {
+		// A resource the limit does not name is not limited.
+		if lim, ok := limit.Other[k]; ok && need.Other[k] > 0 && need.Other[k] > lim {
+			return fmt.Sprintf("%d %s, limit %d", need.Other[k], k, lim), true
+		}
 	}
 	return "", false
 }
@@ -105,10 +145,10 @@ func (h *headroom) fits(tenant string, need kv.Resources) (ok bool, blockedBy st
 }
 
 func (h *headroom) take(tenant string, need kv.Resources) {
-	h.pool = h.pool.Sub(need)
-	h.provider = h.provider.Sub(need)
+	h.pool = h.pool.Less(need)
+	h.provider = h.provider.Less(need)
 	if t, limited := h.tenants[tenant]; limited {
-		h.tenants[tenant] = t.Sub(need)
+		h.tenants[tenant] = t.Less(need)
 	}
 }
 
@@ -157,8 +197,8 @@ func describeNeed(r kv.Resources) string {
 	if r.RAM > 0 {
 		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
 	}
-	if r.Volumes > 0 {
-		parts = append(parts, fmt.Sprintf("%d volumes of %d GB", r.Volumes, r.VolumeGB))
+	for _, k := range slices.Sorted(maps.Keys(r.Other)) {
+		parts = append(parts, fmt.Sprintf("%d %s", r.Other[k], k))
 	}
 	return strings.Join(parts, ", ")
 }

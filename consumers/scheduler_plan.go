@@ -44,12 +44,12 @@ type slot struct {
 func (t *term) headroom() *headroom {
 	used := t.idx.used
 	h := &headroom{
-		pool:     poolLimits(t.pool).Sub(used.poolUsed),
-		provider: t.cloud.limits.Sub(t.cloud.others).Sub(used.provUsed),
+		pool:     poolLimits(t.pool).Less(used.poolUsed),
+		provider: t.cloud.limits.Less(t.cloud.others).Less(used.provUsed),
 		tenants:  map[string]kv.Resources{},
 	}
 	for _, tl := range t.l.opts.Config.TenantResourceLimits {
-		h.tenants[tl.TenantName] = tenantLimits(tl).Sub(used.tenants[tl.TenantName])
+		h.tenants[tl.TenantName] = tenantLimits(tl).Less(used.tenants[tl.TenantName])
 	}
 	for _, in := range t.jobs.newNodes {
 		h.take(in.tenant, in.size)

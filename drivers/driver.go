@@ -44,6 +44,14 @@ const (
 // Resources is what an instance counts against quota.
 type Resources = kv.Resources
 
+// Names of resources besides cores, RAM and instances (kv.Resources'
+// Other) that drivers count, as Nodepool names them: the volumes of nodes
+// booted from volumes (OpenStack) and their total size in GB.
+const (
+	ResourceVolumes  = "volumes"
+	ResourceVolumeGB = "volume-gb"
+)
+
 // Unlimited is a quota limit that is never reached.
 const Unlimited = int(^uint(0) >> 2)
 
@@ -187,6 +195,25 @@ func RetryAfter(err error) time.Duration {
 		return ra.RetryAfter()
 	}
 	return 0
+}
+
+// Interrupter is implemented by drivers whose cloud takes instances back
+// (AWS spot instances: an interruption notice, the interruption itself, a
+// rebalance recommendation). The cleanup leader calls Interruptions every
+// sweep and acts on each one whose node records the instance: a ready
+// node nobody took yet is deleted (and replaced, for a request that is
+// still pending), a node in use or held gets the reason in its `reason`,
+// where its holder can watch for it.
+type Interrupter interface {
+	Interruptions(ctx context.Context) ([]Interruption, error)
+}
+
+// Interruption is an instance the cloud is taking back, or took.
+type Interruption struct {
+	ExternalID string
+	NodeID     string
+	// Reason says what happened, for the node's reason.
+	Reason string
 }
 
 // Registrar is implemented by drivers whose nodes are existing machines that

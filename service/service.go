@@ -23,6 +23,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/drivers/openstack"
@@ -138,6 +139,8 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 			p, err = metastatic.New(ctx, js, pc, log)
 		case "openstack":
 			p, err = openstack.New(ctx, cfg, pc, log)
+		case "aws":
+			p, err = aws.New(ctx, pc, aws.Options{Log: log})
 		default:
 			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 		}
@@ -187,6 +190,32 @@ func (p *Process) Providers() map[string]drivers.Provider { return p.providers }
 
 // Launcher is the launcher role (nil if the process does not run it).
 func (p *Process) Launcher() *consumers.Launcher { return p.launcher }
+
+// Ready returns nil once the process serves: connected to NATS, and every
+// role it runs started (its drivers constructed, its worker groups up);
+// otherwise it says what is missing. A role that is stopping is not ready.
+func (p *Process) Ready() error {
+	if p.nc == nil || !p.nc.IsConnected() {
+		return errors.New("not connected to NATS")
+	}
+	if p.launcher != nil && !p.launcher.Running() {
+		return errors.New("the launcher is not running (starting or stopping)")
+	}
+	if p.builder != nil && !p.builder.Running() {
+		return errors.New("the builder is not running (starting or stopping)")
+	}
+	return nil
+}
+
+// Alive returns nil unless the process cannot recover by itself: its NATS
+// connection is closed for good (a connection that is reconnecting is
+// alive, only not ready).
+func (p *Process) Alive() error {
+	if p.nc == nil || p.nc.IsClosed() {
+		return errors.New("the NATS connection is closed")
+	}
+	return nil
+}
 
 // Run runs the roles until ctx ends, then shuts them down cleanly.
 func (p *Process) Run(ctx context.Context) error {

@@ -11,10 +11,10 @@ func (a *app) devCloudCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev-cloud",
 		Short: "Run a cloud on loopback that speaks a real cloud API (for trying the drivers without a cloud)",
-		Long: `Run a cloud on loopback that speaks a real cloud's REST API faithfully
+		Long: `Run a cloud on loopback that speaks a real cloud's API faithfully
 enough for its real clients: the driver's SDK, and the cloud's own CLI.
 Its state lives in memory until it stops.`,
 	}
-	cmd.AddCommand(a.devCloudOpenStackCmd())
+	cmd.AddCommand(a.devCloudOpenStackCmd(), a.devCloudAWSCmd())
 	return cmd
 }

@@ -14,11 +14,11 @@ import (
 	"reflect"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/service"
 )
 
 func main() {
@@ -58,6 +58,8 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 			return a.loadSettings(cmd)
 		},
 	}
+	root.Version = service.BuildVersion()
+	root.SetVersionTemplate("nodepool {{.Version}}\n")
 	root.SetOut(out)
 	root.SetErr(errOut)
 	// Every process setting is also a flag; the NATS ones apply to every
@@ -74,8 +76,9 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	pf.StringVar(&a.flags.LogLevel, "log-level", "", "debug, info, warn or error [NODEPOOL_LOG_LEVEL] (default info)")
 	pf.StringVar(&a.flags.LogFormat, "log-format", "", "text or json [NODEPOOL_LOG_FORMAT] (default text)")
 
-	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(),
-		a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.benchCmd(), a.devCloudCmd())
+	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(), a.requestDeleteCmd(),
+		a.labelListCmd(), a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.infoCmd(), a.eraseCmd(),
+		a.exportImageDataCmd(), a.importImageDataCmd(), a.benchCmd(), a.devCloudCmd())
 	root.AddCommand(a.imageCmds()...)
 	return root
 }
@@ -84,7 +87,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
 	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
-	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
+	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "PprofAddr": "pprof-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
 }
@@ -116,23 +119,6 @@ func (a *app) logger() *slog.Logger {
 		return slog.New(slog.NewJSONHandler(a.err, opts))
 	}
 	return slog.New(slog.NewTextHandler(a.err, opts))
-}
-
-// age prints a duration the way `nodepool list` shows ages.
-func age(since time.Time, now time.Time) string {
-	if since.IsZero() {
-		return "-"
-	}
-	d := now.Sub(since)
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 }
 
 func orDash(s string) string {

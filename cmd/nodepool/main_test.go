@@ -476,14 +476,24 @@ func TestCLIEndToEnd(t *testing.T) {
 		t.Fatalf("nodes = %+v", nodes)
 	}
 	out, _, code = nodepool(t, cli, "list")
-	if code != 0 || !strings.Contains(out, nodes[0].ID) || !strings.Contains(out, "in-use") || !strings.HasPrefix(out, "ID ") {
+	if code != 0 || !strings.Contains(out, nodes[0].ID) || !strings.Contains(out, "| in-use ") || !strings.HasPrefix(out, "+-") ||
+		!strings.Contains(out, "| ci@test ") || !strings.Contains(strings.Split(out, "\n")[1], "| ID ") {
 		t.Errorf("list: code %d\n%s", code, out)
 	}
 	out, _, code = nodepool(t, cli, "request-list", "--json")
 	if code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "[") {
 		t.Errorf("request-list --json: code %d\n%s", code, out)
 	}
-	out, errOut, code = nodepool(t, cli, "return", nodes[0].ID, nodes[1].ID, "no-such-node")
+	// Someone else's nodes are refused without --force.
+	_, errOut, code = nodepool(t, cli, "return", "--holder", "someone@else", nodes[0].ID)
+	if code != 1 || !strings.Contains(errOut, `: the node belongs to someone else: in use by "ci@test", not by "someone@else"; refused (--force to return it anyway)`) {
+		t.Errorf("return of someone else's node: code %d\n%s", code, errOut)
+	}
+	_, errOut, code = nodepool(t, cli, "delete", nodes[0].ID)
+	if code != 1 || !strings.Contains(errOut, "refused (--force to delete it anyway)") {
+		t.Errorf("delete of someone else's node: code %d\n%s", code, errOut)
+	}
+	out, errOut, code = nodepool(t, cli, "return", "--holder", "ci@test", nodes[0].ID, nodes[1].ID, "no-such-node")
 	if code != 1 || !strings.Contains(out, nodes[0].ID+" returned") || !strings.Contains(errOut, `no node "no-such-node"`) {
 		t.Errorf("return: code %d\n%s\n%s", code, out, errOut)
 	}

@@ -184,7 +184,7 @@ func (m *createMachine) imageRef(ctx context.Context, cl *clients, pl *config.Po
 		}
 		return m.req.ImageID, nil
 	}
-	ci, ok := m.p.cfg.CloudImage(pl.CloudImage)
+	ci, ok := m.p.cfg.OpenStackCloudImage(pl.CloudImage)
 	if !ok {
 		return "", fmt.Errorf("label %s: cloud image %q is not in the provider's cloud-images", pl.Name, pl.CloudImage)
 	}
@@ -293,7 +293,7 @@ func (m *createMachine) createServer(ctx context.Context, cl *clients, pool *con
 		}
 		if errors.Is(err, drivers.ErrNotFound) {
 			// The image or network went away: look it up again next time.
-			if ci, ok := p.cfg.CloudImage(pl.CloudImage); ok {
+			if ci, ok := p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
 				p.forget("image-name", ci.ImageName)
 				p.forget("image", ci.Name)
 			}
@@ -316,7 +316,7 @@ func (m *createMachine) configDrive(pl *config.PoolLabel) *bool {
 		}
 		return nil
 	}
-	if ci, ok := m.p.cfg.CloudImage(pl.CloudImage); ok {
+	if ci, ok := m.p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
 		return ci.ConfigDrive
 	}
 	return nil
@@ -458,7 +458,7 @@ func (p *Provider) connection(pl *config.PoolLabel) (username, pythonPath, shell
 		}
 		return username, pythonPath, shellType, connType, port
 	}
-	if ci, ok := p.cfg.CloudImage(pl.CloudImage); ok {
+	if ci, ok := p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
 		return ci.Username, ci.PythonPath, ci.ShellType, ci.ConnectionType, ci.ConnectionPort
 	}
 	return config.DefaultCloudImageUsername, config.DefaultPythonPath, "", config.DefaultCloudImageConnectionType, config.DefaultCloudImageSSHPort
@@ -492,10 +492,10 @@ func (m *createMachine) scan(ctx context.Context, pool *config.Pool, pl *config.
 		inst.Username, inst.PythonPath, inst.ShellType, inst.ConnectionType, inst.ConnectionPort = p.connection(pl)
 	}
 	if pl.BootFromVolume {
-		inst.Resources.Volumes, inst.Resources.VolumeGB = 1, pl.VolumeSize
+		inst.Resources.Other = volumeResources(pl.VolumeSize)
 	}
 	inst.HostKeys = []string{}
-	if pool.ChecksHostKeys(pl) && (connType == "ssh" || connType == "network_cli") {
+	if pool.ChecksLabelHostKeys(pl) && (connType == "ssh" || connType == "network_cli") {
 		if inst.InterfaceIP == "" {
 			return drivers.Step{}, fmt.Errorf("server %s has no address to reach it at", m.st.Server)
 		}

@@ -70,7 +70,7 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 	}()
 	data := req.Data
 	var local string
-	if p.cfg.PostUploadHook != "" {
+	if p.cfg.UploadHook != "" {
 		// The hook is given the image file: the build's file lives in the
 		// object store, so a copy is written as it is uploaded.
 		f, err := os.CreateTemp("", "nodepool-upload-*."+config.FormatExtension(req.Format))
@@ -89,7 +89,7 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 	if err != nil {
 		return drivers.Image{}, err
 	}
-	if p.cfg.PostUploadHook != "" {
+	if p.cfg.UploadHook != "" {
 		if err := p.runHook(ctx, got.ID, local); err != nil {
 			return drivers.Image{}, err
 		}
@@ -121,14 +121,14 @@ func (p *Provider) waitActive(ctx context.Context, cl *clients, id string) (*ima
 // LOCAL_IMAGE_FILENAME; a non-zero exit fails the upload.
 func (p *Provider) runHook(ctx context.Context, imageID, local string) error {
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, p.cfg.PostUploadHook, p.cfg.Name, imageID, local)
+	cmd := exec.CommandContext(ctx, p.cfg.UploadHook, p.cfg.Name, imageID, local)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		text := strings.TrimSpace(out.String())
 		if len(text) > 2000 {
 			text = text[len(text)-2000:]
 		}
-		return fmt.Errorf("post-upload-hook %s failed for image %s: %w: %s", p.cfg.PostUploadHook, imageID, err, text)
+		return fmt.Errorf("post-upload-hook %s failed for image %s: %w: %s", p.cfg.UploadHook, imageID, err, text)
 	}
 	return nil
 }

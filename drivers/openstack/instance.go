@@ -58,7 +58,7 @@ func (p *Provider) region() string {
 	if p.cl != nil && p.cl.region != "" {
 		return p.cl.region
 	}
-	return p.cfg.RegionName
+	return p.cfg.Region
 }
 
 // setAddresses reads a server's addresses as openstacksdk does: floating

@@ -162,7 +162,7 @@ func (p *Provider) client(ctx context.Context) (*clients, error) {
 	if p.cl != nil {
 		return p.cl, nil
 	}
-	cl, err := connect(ctx, p.cfg.Cloud, p.cfg.RegionName, p.cloudsFile, p.transport)
+	cl, err := connect(ctx, p.cfg.Cloud, p.cfg.Region, p.cloudsFile, p.transport)
 	if err != nil {
 		return nil, err
 	}
@@ -276,9 +276,14 @@ func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) 
 	}
 	r := drivers.Resources{Instances: 1, Cores: f.VCPUs, RAM: f.RAM}
 	if pl.BootFromVolume {
-		r.Volumes, r.VolumeGB = 1, pl.VolumeSize
+		r.Other = volumeResources(pl.VolumeSize)
 	}
 	return r, nil
+}
+
+// volumeResources is what a boot volume of size GB holds.
+func volumeResources(size int) map[string]int {
+	return map[string]int{drivers.ResourceVolumes: 1, drivers.ResourceVolumeGB: size}
 }
 
 func orUnlimited(v int) int {
@@ -303,7 +308,8 @@ func (p *Provider) usesVolumes() bool {
 // QuotaLimits is the project's quota: Nova's absolute limits (instances,
 // cores, RAM) and, for providers that boot from volumes, Cinder's (volumes
 // and gigabytes, less what volumes that are not this provider's hold; the
-// launcher takes off what other servers hold from ListInstances).
+// launcher takes off what other servers hold from ListInstances). A
+// limit of -1 is unlimited; an unlimited volume resource is left out.
 func (p *Provider) QuotaLimits(ctx context.Context) (drivers.Resources, error) {
 	cl, err := p.client(ctx)
 	if err != nil {
@@ -314,8 +320,7 @@ func (p *Provider) QuotaLimits(ctx context.Context) (drivers.Resources, error) {
 		return drivers.Resources{}, wrapf(err, "reading compute limits")
 	}
 	a := lim.Absolute
-	r := drivers.Resources{Instances: orUnlimited(a.MaxTotalInstances), Cores: orUnlimited(a.MaxTotalCores), RAM: orUnlimited(a.MaxTotalRAMSize),
-		Volumes: drivers.Unlimited, VolumeGB: drivers.Unlimited}
+	r := drivers.Resources{Instances: orUnlimited(a.MaxTotalInstances), Cores: orUnlimited(a.MaxTotalCores), RAM: orUnlimited(a.MaxTotalRAMSize)}
 	if cl.volume == nil || !p.usesVolumes() {
 		return r, nil
 	}
@@ -327,11 +332,12 @@ func (p *Provider) QuotaLimits(ctx context.Context) (drivers.Resources, error) {
 	if err != nil {
 		return drivers.Resources{}, err
 	}
+	r.Other = map[string]int{}
 	if v := vl.Absolute.MaxTotalVolumes; v >= 0 {
-		r.Volumes = v - (vl.Absolute.TotalVolumesUsed - ours)
+		r.Other[drivers.ResourceVolumes] = v - (vl.Absolute.TotalVolumesUsed - ours)
 	}
 	if v := vl.Absolute.MaxTotalVolumeGigabytes; v >= 0 {
-		r.VolumeGB = v - (vl.Absolute.TotalGigabytesUsed - oursGB)
+		r.Other[drivers.ResourceVolumeGB] = v - (vl.Absolute.TotalGigabytesUsed - oursGB)
 	}
 	return r, nil
 }

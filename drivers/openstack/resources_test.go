@@ -42,7 +42,7 @@ func TestBootFromVolume(t *testing.T) {
 	q := devos.Quota{Instances: -1, Cores: -1, RAM: -1, Volumes: 3, Gigabytes: 100, FloatingIPs: -1}
 	e := newEnv(t, volumeConfig, devos.Options{Quota: &q, VolumeTime: 50 * time.Millisecond})
 	p := e.provider()
-	if r, err := p.QuotaForLabel("main", "bfv"); err != nil || r.Volumes != 1 || r.VolumeGB != 30 {
+	if r, err := p.QuotaForLabel("main", "bfv"); err != nil || r.Other[drivers.ResourceVolumes] != 1 || r.Other[drivers.ResourceVolumeGB] != 30 {
 		t.Errorf("QuotaForLabel: %+v, %v", r, err)
 	}
 	sm, _ := p.Create(request("v1", "bfv", 1), nil)
@@ -57,7 +57,7 @@ func TestBootFromVolume(t *testing.T) {
 	if s := e.cloud.Servers()[0]; s.ImageID != "" || len(s.Volumes) != 1 || len(e.cloud.FloatingIPs()) != 0 {
 		t.Errorf("server %+v booted from its volume, floating IPs %+v", s, e.cloud.FloatingIPs())
 	}
-	if r := step.Instance.Resources; r.Volumes != 1 || r.VolumeGB != 30 {
+	if r := step.Instance.Resources; r.Other[drivers.ResourceVolumes] != 1 || r.Other[drivers.ResourceVolumeGB] != 30 {
 		t.Errorf("instance resources: %+v", r)
 	}
 	// Cinder's quota: what this provider's volumes hold is not taken off
@@ -66,7 +66,7 @@ func TestBootFromVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim, err := p.QuotaLimits(t.Context())
-	if err != nil || lim.Volumes != 2 || lim.VolumeGB != 90 {
+	if err != nil || lim.Other[drivers.ResourceVolumes] != 2 || lim.Other[drivers.ResourceVolumeGB] != 90 {
 		t.Errorf("QuotaLimits: %+v, %v", lim, err)
 	}
 	// The volume goes with its server.
