@@ -13,6 +13,7 @@ import (
 	gcos "github.com/gophercloud/gophercloud/v2/openstack"
 	gcconfig "github.com/gophercloud/gophercloud/v2/openstack/config"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"github.com/nodepool-nats/nodepool/events"
@@ -320,11 +321,61 @@ providers:
 	first, _ := rec.requests.Get(fulfilled()[0])
 	cli := map[string]string{"NODEPOOL_NATS_URL": url, "NODEPOOL_CONFIG": cfg}
 	node := first.Value.Nodes[0]
-	if _, errOut, code := nodepool(t, cli, "delete", node); code != 0 {
+	if _, errOut, code := nodepool(t, cli, "delete", "--force", node); code != 0 {
 		t.Fatalf("delete: %s", errOut)
 	}
 	rec.until(60*time.Second, "all three requests fulfilled", func() bool { return len(fulfilled()) == 3 })
 	if out := p.output(); !strings.Contains(out, "cloud asks to wait") || !strings.Contains(out, "Quota exceeded for instances") {
 		t.Error("the refused create did not make the launch wait")
 	}
+
+	// A server tagged as this provider's without a node record is a leak,
+	// deleted by the cleanup; a server that is not ours stays.
+	rec.until(60*time.Second, "the deleted node's server gone", func() bool { return len(cloud.Servers()) == 2 })
+	cloud.SetQuota(devos.Quota{Instances: -1, Cores: -1, RAM: -1, Volumes: -1, Gigabytes: -1, FloatingIPs: -1})
+	nova := novaClient(t, cloudEnv)
+	img := cloud.Images()[0].ID
+	leaked, err := servers.Create(t.Context(), nova, servers.CreateOpts{Name: "npleaked", FlavorRef: "1", ImageRef: img, Networks: "auto",
+		Metadata: map[string]string{"nodepool_provider_name": "cloud1", "nodepool_node_id": "gone"}}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := servers.Create(t.Context(), nova, servers.CreateOpts{Name: "not-ours", FlavorRef: "1", ImageRef: img, Networks: "auto"}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.until(60*time.Second, "the leaked server deleted", func() bool {
+		for _, s := range cloud.Servers() {
+			if s.ID == leaked.ID {
+				return false
+			}
+		}
+		return true
+	})
+	found := false
+	for _, s := range cloud.Servers() {
+		found = found || s.ID == other.ID
+	}
+	if !found {
+		t.Error("a server that is not ours was deleted")
+	}
+}
+
+// novaClient is a compute client of the dev cloud.
+func novaClient(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
+	t.Helper()
+	ao, eo, _, err := clouds.Parse(clouds.WithCloudName("dev"), clouds.WithLocations(env["OS_CLIENT_CONFIG_FILE"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := gcconfig.NewProviderClient(t.Context(), ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := gcos.NewComputeV2(pc, eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Microversion = "2.79"
+	return c
 }
