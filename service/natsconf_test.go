@@ -262,8 +262,11 @@ func TestProductionNatsConfigTLS(t *testing.T) {
 		name, want string
 		opts       []nats.Option
 	}{
-		{"no client certificate", "certificate required", []nats.Option{nats.RootCAs(filepath.Join(dir, "ca.crt"))}},
-		{"a client certificate of another CA", "unknown certificate authority", []nats.Option{nats.RootCAs(filepath.Join(dir, "ca.crt")),
+		// The server refuses these two in the handshake; with TLS 1.3 the
+		// client may learn it from the alert or only from the closed
+		// connection, so the message is not checked beyond "tls".
+		{"no client certificate", "tls", []nats.Option{nats.RootCAs(filepath.Join(dir, "ca.crt"))}},
+		{"a client certificate of another CA", "tls", []nats.Option{nats.RootCAs(filepath.Join(dir, "ca.crt")),
 			nats.ClientCert(filepath.Join(dir, "stranger.crt"), filepath.Join(dir, "stranger.key"))}},
 		{"no trust in the server's CA", "unknown authority", []nats.Option{nats.ClientCert(filepath.Join(dir, "zuul.crt"), filepath.Join(dir, "zuul.key"))}},
 	} {
