@@ -43,7 +43,8 @@ type lifecycle struct {
 	ctx      context.Context
 	stopRuns context.CancelFunc
 
-	sems map[string]chan struct{}
+	semsMu sync.Mutex
+	sems   map[string]*slots // launch slots per provider (slots.go)
 
 	// wanted lists, per provider, launches this process passed over for
 	// want of a slot, oldest first; a freed slot takes the next one at
@@ -73,12 +74,7 @@ const machineStopWait = 5 * time.Second
 const maxWanted = 10000
 
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
-	for _, p := range l.opts.Config.Providers {
-		if p.MaxConcurrency > 0 {
-			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
-		}
-	}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{}, wanted: map[string][]string{}}
 	lc.ctx, lc.stopRuns = context.WithCancel(context.Background())
 	return lc
 }
@@ -230,7 +226,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	if lc.quarantined(e.Key) {
 		return errQuarantined
 	}
-	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
+	drv, ok := lc.l.current().providers[n.Provider]
+	if !ok {
 		// Launchers may run different configurations: leave the node to
 		// one that has its provider.
 		return errNotMine
@@ -252,7 +249,7 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 			slot = true
 		}
 	case kv.NodeUsed:
-		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok {
+		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
 			return lc.reregister(ctx, e.Key, reg)
 		}
 	}
@@ -281,6 +278,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		return err
 	}
+	if state == kv.NodeUsed {
+		lc.l.log.Info("node returned", "node", e.Key, "provider", n.Provider, "pool", n.Pool,
+			"label", createRequest(n).Label, "request", n.AllocatedTo, "holder", n.Holder)
+	}
 	lc.launch(claimed, slot)
 	slot = false // launch owns it now
 	return nil
@@ -305,16 +306,7 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 
 // tryAcquire takes a launch slot of a provider if one is free.
 func (lc *lifecycle) tryAcquire(provider string) bool {
-	sem := lc.sems[provider]
-	if sem == nil {
-		return true
-	}
-	select {
-	case sem <- struct{}{}:
-		return true
-	default:
-		return false
-	}
+	return lc.slotsOf(provider).tryTake()
 }
 
 // running returns the machine running for a node, if any.
@@ -362,37 +354,37 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 				lc.machinePanicked(e, p)
 			}
 		}()
-		switch e.Value.State {
-		case kv.NodeBuilding:
+		if e.Value.State == kv.NodeBuilding {
 			// max-concurrency bounds launches in flight; deletes free
 			// capacity and are never held back.
 			if !slot && !lc.acquire(ctx, e.Value.Provider) {
 				return
 			}
 			defer lc.release(e.Value.Provider)
-			orphan = lc.runCreate(ctx, e)
+		}
+		// The machine keeps the driver (and its configuration) it starts
+		// with, whatever a reload does meanwhile.
+		u, ok := lc.l.use(e.Value.Provider)
+		if !ok {
+			lc.handOverNode(ctx, e.Key)
+			return
+		}
+		defer u.done()
+		switch e.Value.State {
+		case kv.NodeBuilding:
+			orphan = lc.runCreate(ctx, e, u)
 		case kv.NodeDeleting:
-			lc.runDelete(ctx, e)
+			lc.runDelete(ctx, e, u)
 		}
 	})
 }
 
 func (lc *lifecycle) acquire(ctx context.Context, provider string) bool {
-	sem := lc.sems[provider]
-	if sem == nil {
-		return ctx.Err() == nil
-	}
-	select {
-	case sem <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return lc.slotsOf(provider).take(ctx)
 }
 
 func (lc *lifecycle) release(provider string) {
-	if sem := lc.sems[provider]; sem != nil {
-		<-sem
+	if lc.slotsOf(provider).give() {
 		go lc.takeWanted(provider)
 	}
 }
@@ -513,6 +505,22 @@ func (lc *lifecycle) handOver(ctx context.Context) {
 		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
 			lc.l.log.Debug("could not hand over node", "node", id, "err", err)
 		}
+	}
+}
+
+// handOverNode gives up a node this process claimed but whose provider a
+// reload removed meanwhile, for a launcher that has the provider.
+func (lc *lifecycle) handOverNode(ctx context.Context, id string) {
+	lc.l.log.Warn("provider no longer configured here; handing the node over", "node", id)
+	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) {
+			return kv.ErrSkip
+		}
+		n.Launcher = ""
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+		lc.l.log.Debug("could not hand over node", "node", id, "err", err)
 	}
 }
 

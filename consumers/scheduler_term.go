@@ -22,6 +22,8 @@ type term struct {
 	cloud cloudQuota
 	// paused: the pool waits on quota (announced in the heartbeat).
 	paused bool
+	// passTook records a pass's duration.
+	passTook func(time.Duration)
 
 	// The change queues the index is kept from.
 	reqSub  *kv.Subscription[kv.Request]
@@ -31,6 +33,7 @@ type term struct {
 func newTerm(s *scheduler) *term {
 	return &term{
 		scheduler: s,
+		passTook:  s.l.metrics.PassObserver(s.prov.Name, s.pool.Name),
 		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
 		jobs:      newJobSet(s.jobPanicked),
 		cloud:     cloudQuota{limits: unlimited},
@@ -45,7 +48,7 @@ func (t *term) run(ctx context.Context) {
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.
 	// A pool with ignore-provider-quota counts its own limits only.
-	drv := t.l.opts.Providers[t.prov.Name]
+	drv := t.drv
 	quotaC := make(chan cloudQuota, 1)
 	if !t.pool.IgnoreProviderQuota {
 		if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
@@ -86,8 +89,7 @@ func (t *term) run(ctx context.Context) {
 		imgWatch.drain()
 		start := time.Now()
 		t.pass(ctx)
-		t.l.metrics.SchedulerPasses.Add(1)
-		t.l.metrics.SchedulerPassNanos.Add(int64(time.Since(start)))
+		t.passTook(time.Since(start))
 		select {
 		case <-ctx.Done():
 			return

@@ -445,18 +445,15 @@ func (m *createMachine) attachFloatingIP(ctx context.Context, cl *clients) (driv
 }
 
 // connection is how a label's nodes are reached and who logs in: from its
-// cloud image, or from its diskimage (username, python-path, shell-type)
-// and the provider's entry for it (connection-type and -port).
+// cloud image, or (connection-type and -port only; the launcher takes the
+// rest from the upload) from the provider's entry for its diskimage.
 func (p *Provider) connection(pl *config.PoolLabel) (username, pythonPath, shellType, connType string, port int) {
 	if pl.Diskimage != "" {
-		username, pythonPath, connType, port = config.DefaultImageUsername, config.DefaultPythonPath, config.DefaultCloudImageConnectionType, config.DefaultCloudImageSSHPort
-		if di, ok := p.top.Diskimage(pl.Diskimage); ok {
-			username, pythonPath, shellType = di.Username, di.PythonPath, di.ShellType
-		}
+		connType, port = config.DefaultCloudImageConnectionType, config.DefaultCloudImageSSHPort
 		if pd, ok := p.cfg.Diskimage(pl.Diskimage); ok {
 			connType, port = pd.ConnectionType, pd.ConnectionPort
 		}
-		return username, pythonPath, shellType, connType, port
+		return "", "", "", connType, port
 	}
 	if ci, ok := p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
 		return ci.Username, ci.PythonPath, ci.ShellType, ci.ConnectionType, ci.ConnectionPort

@@ -56,7 +56,7 @@ func FuzzResume(f *testing.F) {
 		f.Fatal(err)
 	}
 	pc, _ := cfg.Provider("os")
-	p := &Provider{cfg: pc, top: cfg}
+	p := &Provider{cfg: pc}
 	f.Fuzz(func(t *testing.T, state []byte) {
 		if sm, err := p.Create(request("n", "bfv", 1), state); err == nil {
 			_ = sm.State()

@@ -66,7 +66,7 @@ func (e *env) provider() *Provider {
 	if !ok {
 		e.t.Fatal("the configuration has no provider os")
 	}
-	p, err := New(e.t.Context(), e.cfg, pc, slog.New(slog.DiscardHandler), WithCloudsFile(e.file))
+	p, err := New(e.t.Context(), pc, slog.New(slog.DiscardHandler), WithCloudsFile(e.file))
 	if err != nil {
 		e.t.Fatal(err)
 	}

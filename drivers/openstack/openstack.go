@@ -47,7 +47,6 @@ const catalogTTL = 10 * time.Minute
 // Provider is one configured openstack provider.
 type Provider struct {
 	cfg        *config.Provider
-	top        *config.Config
 	cloudsFile string // "" : where openstacksdk looks
 	log        *slog.Logger
 	pacer      pacer
@@ -94,11 +93,11 @@ func WithCloudsFile(path string) Option { return func(p *Provider) { p.cloudsFil
 // New makes the driver of an openstack provider and logs in to its cloud
 // in the background (waiting up to a few seconds for the first login, so
 // that the flavors are known when the launcher starts).
-func New(ctx context.Context, cfg *config.Config, pc *config.Provider, log *slog.Logger, opts ...Option) (*Provider, error) {
+func New(ctx context.Context, pc *config.Provider, log *slog.Logger, opts ...Option) (*Provider, error) {
 	if pc.Driver != "openstack" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not openstack", pc.Name, pc.Driver)
 	}
-	p := &Provider{cfg: pc, top: cfg, log: log.With("provider", pc.Name, "cloud", pc.Cloud), names: map[string]cached{}}
+	p := &Provider{cfg: pc, log: log.With("provider", pc.Name, "cloud", pc.Cloud), names: map[string]cached{}}
 	for _, o := range opts {
 		o(p)
 	}
