@@ -336,7 +336,7 @@ func (l *Launcher) shareRates(ctx context.Context) {
 				}
 				return true
 			})
-			share := rate.Limit(pc.Rate / float64(max(n, 1)))
+			share := rate.Limit(pc.CallsPerSecond() / float64(max(n, 1)))
 			if lim.Limit() != share {
 				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
 				lim.SetLimit(share)
