@@ -12,6 +12,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/servicequotas v1.43.10
 	github.com/aws/smithy-go v1.28.8
 	github.com/chromedp/chromedp v0.23.0
+	github.com/gophercloud/gophercloud/v2 v2.15.0
 	github.com/johannesboyne/gofakes3 v1.2.0
 	github.com/kelseyhightower/envconfig v1.4.0
 	github.com/nats-io/nats-server/v2 v2.15.2
@@ -61,4 +62,5 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/tools v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
 )

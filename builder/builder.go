@@ -224,7 +224,7 @@ func (b *Builder) pace(cfg *config.Config, providers map[string]drivers.Provider
 	for name, p := range providers {
 		rate := 0.0
 		if pc, ok := cfg.Provider(name); ok {
-			rate = pc.Rate
+			rate = pc.CallsPerSecond()
 		}
 		out[name] = b.opts.Pacer.Pace(name, p, rate)
 	}

@@ -326,6 +326,20 @@ func (h *harness) submit(m events.RequestMessage) string {
 	return id
 }
 
+// submitRecorded submits a request and waits until its record exists:
+// requests submitted at the same instant are recorded by concurrent intake
+// workers in any order, so a test that needs "earlier submission first"
+// submits one after the other's record.
+func (h *harness) submitRecorded(m events.RequestMessage) string {
+	h.t.Helper()
+	id := h.submit(m)
+	h.until(10*time.Second, "request "+id+" recorded", func() bool {
+		_, ok := h.request(id)
+		return ok
+	})
+	return id
+}
+
 func (h *harness) publishRaw(data string) {
 	h.t.Helper()
 	if _, err := h.js.Publish(h.t.Context(), events.NewRequestSubject, []byte(data)); err != nil {

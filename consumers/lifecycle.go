@@ -59,7 +59,11 @@ type lifecycle struct {
 
 // run is a machine running for a node.
 type run struct {
-	state  kv.NodeState // the state the machine drives the node from
+	state kv.NodeState // the state the machine drives the node from
+	// wrote is the state of the machine's latest write of the record,
+	// noted before the write is sent (guarded by lifecycle.mu): a change
+	// to it is the machine's own doing, not the node taken from it.
+	wrote  kv.NodeState
 	cancel context.CancelFunc
 	// done is closed once the machine returned and the node was looked
 	// at again.
@@ -201,8 +205,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	n := &e.Value
 	me := lc.l.opts.ID
 	if r := lc.running(e.Key); r != nil {
-		if n.State == r.state && n.Launcher == me {
-			return nil // the machine's own write, or nothing it must know
+		if n.Launcher == me && (n.State == r.state || n.State == lc.wrote(r)) {
+			// The machine's own write (ending the launch, say: it looks
+			// at the node again when it returns), or nothing it must know.
+			return nil
 		}
 		// The node was taken from the machine (an operator deleted it,
 		// cleanup handed it to another process, the launch ended): stop
@@ -313,6 +319,22 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 // tryAcquire takes a launch slot of a provider if one is free.
 func (lc *lifecycle) tryAcquire(provider string) bool {
 	return lc.slotsOf(provider).tryTake()
+}
+
+// noteWrite records the state a machine's write is about to give its node.
+func (lc *lifecycle) noteWrite(id string, state kv.NodeState) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if r := lc.runs[id]; r != nil {
+		r.wrote = state
+	}
+}
+
+// wrote is the state of a machine's latest write.
+func (lc *lifecycle) wrote(r *run) kv.NodeState {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return r.wrote
 }
 
 // running returns the machine running for a node, if any.
@@ -541,6 +563,7 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 				return errLost
 			}
 			fn(n)
+			lc.noteWrite(id, n.State)
 			return nil
 		})
 		switch {

@@ -21,7 +21,7 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 		label = n.Labels[0]
 	}
 	return drivers.CreateRequest{
-		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1),
+		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1), AZ: n.AZ,
 		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
 	}
 }
@@ -82,7 +82,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 					return ""
 				}
 			}
-			if !wait.Sleep(ctx, wait.Backoff(waits)) {
+			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
 				return
 			}
 			waits++
@@ -99,6 +99,11 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 				kind = "boot_timeout"
 			}
 			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, kind)
+			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
+				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
+					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
+				}
+			}
 			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
 			if !lc.mayDrive(id, kv.NodeBuilding) {
 				return sm.ExternalID()

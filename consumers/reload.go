@@ -55,7 +55,7 @@ func (l *Launcher) newSnapshot(cfg *config.Config, given map[string]drivers.Prov
 	for name, p := range given {
 		rate := 0.0
 		if pc, ok := cfg.Provider(name); ok {
-			rate = pc.Rate
+			rate = pc.CallsPerSecond()
 		}
 		s.providers[name] = l.opts.Pacer.Pace(name, p, rate)
 	}

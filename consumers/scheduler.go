@@ -39,8 +39,12 @@ type scheduler struct {
 	// never created here; every request is served from them.
 	registered bool
 
-	// sizes is what one node of each label costs against quota.
-	sizes map[string]kv.Resources
+	// sizes is what one node of each label costs against quota; unsized
+	// are the labels whose size the driver could not tell yet (a cloud
+	// driver learns its flavors from the cloud), asked again every sync
+	// interval.
+	sizes   map[string]kv.Resources
+	unsized map[string]bool
 	// disabled are the pool's labels with min-ready below 0 (its value):
 	// no node of them is created.
 	disabled map[string]int
@@ -48,20 +52,33 @@ type scheduler struct {
 
 func newScheduler(l *Launcher, snap *snapshot, prov *config.Provider, pool *config.Pool) *scheduler {
 	s := &scheduler{l: l, snap: snap, drv: snap.providers[prov.Name], prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}, disabled: map[string]int{}}
+	s.unsized = map[string]bool{}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
-		size, err := s.drv.QuotaForLabel(pool.Name, pl.Name)
-		if err != nil || size.Instances == 0 {
-			size.Instances = 1
-		}
-		s.sizes[pl.Name] = size
+		s.unsized[pl.Name] = true
 		if lb, ok := snap.cfg.Label(pl.Name); ok && lb.Disabled() {
 			s.disabled[pl.Name] = lb.MinReady
 		}
 	}
+	s.readSizes()
 	_, s.registered = drivers.As[drivers.Registrar](s.drv)
 	s.log = l.log.With("pool", s.ref)
 	return s
+}
+
+// readSizes asks the driver what a node of each label it could not tell
+// yet costs; until it can, a node counts as one instance.
+func (s *scheduler) readSizes() {
+	for label := range s.unsized {
+		size, err := s.drv.QuotaForLabel(s.pool.Name, label)
+		if err == nil {
+			delete(s.unsized, label)
+		}
+		if err != nil || size.Instances == 0 {
+			size.Instances = 1
+		}
+		s.sizes[label] = size
+	}
 }
 
 // run serves the pool for one term as leader, until ctx ends (the lease

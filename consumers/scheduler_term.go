@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -37,7 +36,7 @@ func newTerm(s *scheduler) *term {
 		passTook:  s.l.metrics.PassObserver(s.prov.Name, s.pool.Name),
 		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
 		jobs:      newJobSet(s.jobPanicked),
-		cloud:     cloudQuota{limits: kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}},
+		cloud:     cloudQuota{limits: unlimited},
 	}
 }
 
@@ -48,14 +47,17 @@ func (t *term) run(ctx context.Context) {
 
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.
+	// A pool with ignore-provider-quota counts its own limits only.
 	drv := t.drv
-	if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
-		t.cloud = q
-	} else if ctx.Err() == nil {
-		t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
-	}
 	quotaC := make(chan cloudQuota, 1)
-	go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+	if !t.pool.IgnoreProviderQuota {
+		if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
+			t.cloud = q
+		} else if ctx.Err() == nil {
+			t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
+		}
+		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+	}
 
 	t.subscribe()
 	defer t.unsubscribe()
@@ -98,6 +100,9 @@ func (t *term) run(ctx context.Context) {
 		case <-t.jobs.doneC:
 		case <-tick.C:
 			t.rebuild()
+			if len(t.unsized) > 0 {
+				t.readSizes()
+			}
 		case q := <-quotaC:
 			t.cloud = q
 		}

@@ -171,8 +171,18 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 	if err != nil {
 		size = kv.Resources{Instances: 1}
 	}
+	// A new node goes to the availability zone of a node its request
+	// reuses, as Nodepool keeps the nodes of a request in one zone (the
+	// driver chooses when there is none).
+	az := ""
+	for _, id := range r.Nodes {
+		if e, ok := s.l.nodes.Get(id); ok && id != sl.node && e.Value.AZ != "" && e.Value.Provider == s.prov.Name {
+			az = e.Value.AZ
+			break
+		}
+	}
 	n := &kv.Node{
-		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
+		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label}, AZ: az,
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
 		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,

@@ -31,6 +31,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
+	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -177,6 +178,8 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 		return metastatic.New(ctx, js, pc, log)
 	case "aws":
 		return aws.New(ctx, pc, aws.Options{Log: log})
+	case "openstack":
+		return openstack.New(ctx, pc, log)
 	}
 	return nil, fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 }

@@ -55,14 +55,44 @@ providers:
 // instance.
 func TestKillLaunchersUnderLoad(t *testing.T) {
 	t.Parallel()
+	killUnderLoad(t, fakeKillCloud(), 600)
+}
+
+// killCloud is the cloud a kill test runs against: the configuration of
+// provider cloud1, what the launchers' environment adds, and the cloud's
+// instances at the end (external id -> node id).
+type killCloud struct {
+	config    string
+	env       map[string]string
+	instances func(rec *records) map[string]string
+	// failure is the reason a request may fail with.
+	failure string
+}
+
+func fakeKillCloud() killCloud {
+	return killCloud{config: killConfig, failure: "launch failed after 3 attempt(s)", instances: func(rec *records) map[string]string {
+		out := map[string]string{}
+		rec.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+			out[e.Key] = e.Value.Tags["nodepool_node_id"]
+			return true
+		})
+		return out
+	}}
+}
+
+func killUnderLoad(t *testing.T, cloud killCloud, n int) {
 	srv := natstest.Start(t)
 	url := srv.ClientURL()
-	cfg := writeConfig(t, killConfig)
+	cfg := writeConfig(t, cloud.config)
 	env := func(id string) map[string]string {
-		return map[string]string{
+		e := map[string]string{
 			"NODEPOOL_NATS_URL": url, "NODEPOOL_ID": id, "NODEPOOL_ROLES": "launcher",
 			"NODEPOOL_HTTP_ADDR": "", "NODEPOOL_LEASE_TTL": "2s", "NODEPOOL_SYNC_INTERVAL": "500ms",
 		}
+		for k, v := range cloud.env {
+			e[k] = v
+		}
+		return e
 	}
 	ids := []string{"launcher-0", "launcher-1", "launcher-2"}
 	var procsMu sync.Mutex
@@ -72,7 +102,11 @@ func TestKillLaunchersUnderLoad(t *testing.T) {
 		p.waitLog("launcher running", 60*time.Second)
 		procs[id] = p
 	}
-	rec := watchRecords(t, url, "cloud1")
+	fakeCloud := ""
+	if cloud.env == nil {
+		fakeCloud = "cloud1"
+	}
+	rec := watchRecords(t, url, fakeCloud)
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -108,9 +142,8 @@ func TestKillLaunchersUnderLoad(t *testing.T) {
 		}
 	}()
 
-	// Requestors: 600 requests of 1 to 3 labels with mixed priorities; each
+	// Requestors: n requests of 1 to 3 labels with mixed priorities; each
 	// is taken as soon as it is fulfilled, held a moment, and given back.
-	const n = 600
 	rng := rand.New(rand.NewPCG(3, 5))
 	type outcome struct {
 		id    string
@@ -174,7 +207,7 @@ func TestKillLaunchersUnderLoad(t *testing.T) {
 		switch {
 		case o.state == kv.RequestFulfilled:
 			fulfilled++
-		case o.state == kv.RequestFailed && strings.Contains(o.why, "launch failed after 3 attempt(s)"):
+		case o.state == kv.RequestFailed && cloud.failure != "" && strings.Contains(o.why, cloud.failure):
 			failed++
 		default:
 			t.Errorf("request %s ended %s: %s", o.id, o.state, o.why)
@@ -187,27 +220,27 @@ func TestKillLaunchersUnderLoad(t *testing.T) {
 
 	// Quiet again: only the min-ready nodes are left, each with its
 	// instance, and every instance has its record.
+	var insts map[string]string
 	rec.until(90*time.Second, "only the min-ready nodes left", func() bool {
-		if rec.nodes.Len() != 2 || rec.instances.Len() != 2 {
+		insts = cloud.instances(rec)
+		if rec.nodes.Len() != 2 || len(insts) != 2 {
 			return false
 		}
 		ok := true
 		rec.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-			_, there := rec.instances.Get(e.Value.ExternalID)
+			_, there := insts[e.Value.ExternalID]
 			ok = ok && e.Value.State == kv.NodeReady && there
 			return ok
 		})
 		return ok
 	})
-	rec.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
-		nid := e.Value.Tags["nodepool_node_id"]
+	for ext, nid := range insts {
 		// A node still building owns the instance its create made, even
 		// before it records the id (min-ready replaces aged nodes).
-		if n, ok := rec.nodes.Get(nid); !ok || (n.Value.ExternalID != e.Key && n.Value.State != kv.NodeBuilding) {
-			t.Errorf("instance %s (node %q) has no record naming it", e.Key, nid)
+		if n, ok := rec.nodes.Get(nid); !ok || (n.Value.ExternalID != ext && n.Value.State != kv.NodeBuilding) {
+			t.Errorf("instance %s (node %q) has no record naming it", ext, nid)
 		}
-		return true
-	})
+	}
 	// Requestors deleted their requests; only min-ready ones may remain.
 	rec.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		if e.Value.Requestor != "NodePool:min-ready" {
