@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -32,6 +33,24 @@ type workerPool struct {
 	cc     jetstream.ConsumeContext
 }
 
+// A pull lives pullExpiry on the server that leads the consumer, which
+// sends a heartbeat every pullHeartbeat while it has nothing to deliver.
+// When that server goes away, the pull goes with it; the client notices
+// after two missed heartbeats and pulls again from the new leader. The
+// library's defaults (30 s and 15 s) would leave a worker group idle for
+// half a minute after every leader change of a cluster.
+const (
+	pullExpiry    = 5 * time.Second
+	pullHeartbeat = time.Second
+)
+
+// ackWait is how long a message delivered to a process of a worker group
+// waits for its acknowledgement before it goes to another. A message that
+// was on its way when the consumer's server went away is delivered again
+// only then; the handlers are quick (a launch or delete runs on after its
+// claim is acknowledged), so this is short.
+const ackWait = 10 * time.Second
+
 func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
 	wp := &workerPool{queues: make([]chan jetstream.Msg, n)}
 	for i := range wp.queues {
@@ -47,7 +66,7 @@ func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(
 		h := fnv.New32a()
 		h.Write([]byte(key(msg)))
 		wp.queues[h.Sum32()%uint32(n)] <- msg
-	}, jetstream.PullMaxMessages(512))
+	}, jetstream.PullMaxMessages(512), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		wp.close()
 		return nil, err
@@ -71,14 +90,16 @@ func (wp *workerPool) Stop() {
 }
 
 func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
-	cons, err := l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
-		Durable:       IntakeConsumer,
-		Description:   "records node requests",
-		FilterSubject: events.NewRequestSubject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 10000,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
+			Durable:       IntakeConsumer,
+			Description:   "records node requests",
+			FilterSubject: events.NewRequestSubject,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ackWait,
+			MaxAckPending: 10000,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)

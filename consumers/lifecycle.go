@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -62,14 +63,16 @@ func newLifecycle(l *Launcher) *lifecycle {
 
 func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 	stream := "KV_" + kv.BucketNodes
-	cons, err := lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable:       LifecycleConsumer,
-		Description:   "node lifecycle: launches and deletes",
-		FilterSubject: "$KV." + kv.BucketNodes + ".>",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 20000,
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable:       LifecycleConsumer,
+			Description:   "node lifecycle: launches and deletes",
+			FilterSubject: "$KV." + kv.BucketNodes + ".>",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ackWait,
+			MaxAckPending: 20000,
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)
@@ -167,7 +170,7 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 	}()
 	switch n.State {
 	case kv.NodeBuilding, kv.NodeDeleting:
-		if n.Launcher != "" && n.Launcher != me && lc.l.alive(n.Launcher) {
+		if n.Launcher != "" && n.Launcher != me && !lc.l.gone(ctx, n.Launcher) {
 			return nil
 		}
 		if n.State == kv.NodeBuilding && n.Launcher != me {
@@ -197,6 +200,15 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 		}
 		return nil
 	})
+	if errors.Is(err, kv.ErrSkip) && claimed.Value.Launcher == me &&
+		(claimed.Value.State == kv.NodeBuilding || claimed.Value.State == kv.NodeDeleting) {
+		// An earlier claim of this process whose answer did not come in
+		// time landed all the same (a loaded cluster): the node is ours,
+		// and no later change of it may come to this process to say so.
+		lc.launch(claimed, slot)
+		slot = false
+		return nil
+	}
 	if err != nil {
 		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
 			return nil
@@ -412,4 +424,3 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 		}
 	}
 }
-

@@ -63,7 +63,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			if waits == 0 {
 				why := "waiting: " + err.Error()
 				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
-					lc.lostDuringCreate(ctx, id, drv, sm, uerr)
+					lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, uerr)
 					return
 				}
 			}
@@ -113,7 +113,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.SetState(kv.NodeReady, time.Now().UTC())
 			})
 			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
 				return
 			}
 			l.metrics.NodesLaunched.Add(1)
@@ -126,7 +126,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
 			})
 			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, err)
+				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
 				return
 			}
 			n = ne.Value
@@ -142,9 +142,11 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 
 // lostDuringCreate runs when a node changed under a running create (deleted
 // by an operator, handed to another launcher): an instance this process
-// created and that the node does not record is deleted here, as nobody else
-// knows it.
-func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, err error) {
+// created and that nobody else knows is deleted here. Another launcher
+// that took the node over knows it if the node records it, or, with a
+// driver whose creates are idempotent, if the node is still being created
+// on the same attempt: its machine drives this very instance.
+func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, attempt int, err error) {
 	if !errors.Is(err, errLost) {
 		return // ctx ended; the node stays ours and is resumed or handed over
 	}
@@ -152,8 +154,17 @@ func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv driver
 	if ext == "" {
 		return
 	}
-	if cur, gerr := lc.l.b.Nodes.Get(ctx, id); gerr == nil && cur.Value.ExternalID == ext {
+	cur, gerr := lc.l.b.Nodes.Get(ctx, id)
+	switch {
+	case errors.Is(gerr, kv.ErrNotFound):
+	case gerr != nil:
+		return // not sure: if it is leaked, the cleanup sweep deletes it
+	case cur.Value.ExternalID == ext:
 		return // whoever has the node now knows the instance
+	case cur.Value.State == kv.NodeBuilding && max(cur.Value.Attempt, 1) == max(attempt, 1):
+		if _, idempotent := drivers.As[drivers.Idempotent](drv); idempotent {
+			return
+		}
 	}
 	lc.deleteInstance(ctx, drv, ext, nil)
 }
@@ -214,4 +225,3 @@ func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider)
 		n.ImageID = inst.ImageID
 	}
 }
-

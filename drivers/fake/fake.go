@@ -95,26 +95,20 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	if cfg.Driver != "fake" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
 	}
-	bucket, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
 		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		bucket, err = js.KeyValue(ctx, BucketName(cfg.Cloud))
-	}
+	}, log)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
 	}
 	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
 	var api *kv.Store[apiWindow]
 	if cfg.APIRateLimit > 0 {
-		ab, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		ab, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
 			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			ab, err = js.KeyValue(ctx, BucketName(cfg.Cloud)+"-api")
-		}
+		}, log)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
 		}
