@@ -57,10 +57,10 @@ const staleCheck = time.Second
 // NewCache makes a cache of a store; Run fills it.
 func NewCache[T any](store *Store[T], log *slog.Logger) *Cache[T] {
 	return &Cache[T]{
-		store:   store,
-		log:     log.With("bucket", store.kv.Bucket()),
-		entries: map[string]*Entry[T]{},
-		gone:    map[string]uint64{},
+		store:    store,
+		log:      log.With("bucket", store.kv.Bucket()),
+		entries:  map[string]*Entry[T]{},
+		gone:     map[string]uint64{},
 		synced:   make(chan struct{}),
 		progress: make(chan struct{}),
 	}
