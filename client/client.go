@@ -129,7 +129,7 @@ func (c *Client) Wait(ctx context.Context, id string) (kv.Entry[kv.Request], err
 // waitOnce runs one watch of a request; done is false when the watch
 // could not start or ended before the request did.
 func (c *Client) waitOnce(ctx context.Context, id string, seen *bool) (kv.Entry[kv.Request], bool, error) {
-	w, err := c.b.Requests.Bucket().Watch(ctx, id)
+	w, err := c.b.Requests.WatchKeys(ctx, id)
 	if err != nil {
 		if natsretry.Transient(err) {
 			return kv.Entry[kv.Request]{}, false, err

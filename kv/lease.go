@@ -173,7 +173,7 @@ loop:
 // process can try at once instead of at its next poll.
 func (l *Lease) watchKey(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{}, 1)
-	w, err := l.store.kv.Watch(ctx, l.key, jetstream.UpdatesOnly())
+	w, err := l.store.WatchKeys(ctx, l.key, jetstream.UpdatesOnly())
 	if err != nil {
 		l.log.Debug("cannot watch lease key; polling only", "err", err)
 		return ch
