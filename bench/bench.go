@@ -110,6 +110,10 @@ type Options struct {
 	// WorkDir holds configurations, logs and data.
 	WorkDir string
 	Log     *slog.Logger
+	// Env is added to the launchers' environment.
+	Env []string
+	// Cloud is the cloud scenario's settings.
+	Cloud CloudOptions
 }
 
 // startSystem starts n launchers with the scenario's configuration: the
@@ -124,7 +128,7 @@ func startSystem(ctx context.Context, o Options, config string, n int, embedded 
 	if err := os.WriteFile(s.cfgPath, []byte(config), 0o600); err != nil {
 		return nil, err
 	}
-	s.env = []string{"NODEPOOL_ROLES=launcher", "NODEPOOL_HTTP_ADDR=", "NODEPOOL_LOG_LEVEL=warn"}
+	s.env = append([]string{"NODEPOOL_ROLES=launcher", "NODEPOOL_HTTP_ADDR=", "NODEPOOL_LOG_LEVEL=warn"}, o.Env...)
 	if embedded {
 		port, err := freePort()
 		if err != nil {

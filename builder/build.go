@@ -104,7 +104,7 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 		}
 	}()
 
-	builds, err := b.img.Builds.Filtered(image + ".*").List(ctx)
+	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the builds; trying later", "err", err)
 		_ = msg.NakWithDelay(time.Second)
@@ -146,7 +146,7 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 // nextID takes the next build or upload id of an image from its record.
 func (b *Builder) nextID(ctx context.Context, image string, upload bool) (string, error) {
 	for {
-		e, err := b.img.Images.Modify(ctx, image, func(d *kv.DiskImage) error {
+		e, err := b.img.Images.Modify(ctx, kv.DiskImageKey(image), func(d *kv.DiskImage) error {
 			if upload {
 				d.UploadSeq++
 			} else {
@@ -161,7 +161,7 @@ func (b *Builder) nextID(ctx context.Context, image string, upload bool) (string
 			} else {
 				d.BuildSeq = 1
 			}
-			_, err = b.img.Images.Create(ctx, image, d)
+			_, err = b.img.Images.Create(ctx, kv.DiskImageKey(image), d)
 			if errors.Is(err, kv.ErrExists) {
 				continue
 			}

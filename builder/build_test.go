@@ -19,7 +19,7 @@ diskimages:
     dib-cmd: {{dib}}
     elements: [vm]
     env-vars:
-      FAKE_DIB_SIZE: 300000
+      FAKE_DIB_SIZE: "300000"
       FAKE_DIB_COUNT: {{dir}}/count
   - name: debian
     parent: base
@@ -240,12 +240,12 @@ diskimages:
   - name: broken
     dib-cmd: {{dib}}
     formats: [qcow2]
-    env-vars: {FAKE_DIB_FAIL: 1}
+    env-vars: {FAKE_DIB_FAIL: "1"}
   - name: slow
     dib-cmd: {{dib}}
     formats: [qcow2]
     build-timeout: 1s
-    env-vars: {FAKE_DIB_HANG: 1, FAKE_DIB_PIDFILE: "{{dir}}/pids"}
+    env-vars: {FAKE_DIB_HANG: "1", FAKE_DIB_PIDFILE: "{{dir}}/pids"}
 labels: []
 providers: []
 `)

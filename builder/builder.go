@@ -15,12 +15,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,6 +119,9 @@ type Builder struct {
 	active map[string]bool // builds and uploads running in this process
 
 	metrics *Metrics
+
+	// up is true while every worker group of this builder is running.
+	up atomic.Bool
 }
 
 // New prepares a builder; Run starts it.
@@ -177,6 +182,13 @@ func (b *Builder) Builds() *kv.Cache[kv.ImageBuild] { return b.builds }
 
 // Uploads is the builder's view of the upload records.
 func (b *Builder) Uploads() *kv.Cache[kv.ImageUpload] { return b.uploads }
+
+// Images is the builder's view of the image records (pause, ids).
+func (b *Builder) Images() *kv.Cache[kv.DiskImage] { return b.images }
+
+// Running reports whether the builder has started every worker group and
+// is not stopping (readiness).
+func (b *Builder) Running() bool { return b.up.Load() }
 
 // ackWait is how long a trigger stays with a worker that stopped telling
 // the server it still works on it: long enough for the worker's leases to
@@ -244,7 +256,9 @@ func (b *Builder) Run(ctx context.Context) error {
 
 	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,
 		"images", len(b.cfg.DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
+	b.up.Store(true)
 	<-ctx.Done()
+	b.up.Store(false)
 	b.log.Info("builder stopping")
 	wg.Wait()
 	if b.opts.Register {
@@ -354,8 +368,10 @@ func (b *Builder) running(key string) bool {
 }
 
 // Lease keys and local claim keys of builds and uploads.
-func buildLease(image string) string            { return "build." + image }
-func uploadLease(image, provider string) string { return "upload." + image + "." + provider }
+func buildLease(image string) string { return "build." + token.Encode(image) }
+func uploadLease(image, provider string) string {
+	return "upload." + token.Encode(image) + "." + token.Encode(provider)
+}
 func buildClaim(image string) string            { return "build/" + image }
 func uploadClaim(image, provider string) string { return "upload/" + image + "/" + provider }
 
@@ -365,7 +381,7 @@ func (b *Builder) paused(di *config.Diskimage) bool {
 	if di.Pause {
 		return true
 	}
-	e, ok := b.images.Get(di.Name)
+	e, ok := b.images.Get(kv.DiskImageKey(di.Name))
 	return ok && e.Value.Paused
 }
 

@@ -71,7 +71,7 @@ func (b *Builder) runDib(ctx context.Context, di *config.Diskimage, build *kv.Im
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "# nodepool: build %s-%s by %s, started %s\n# command: %s\n# environment (besides the builder's): %s\n",
-		build.Image, build.ID, b.opts.ID, time.Now().UTC().Format(time.RFC3339), strings.Join(args, " "), strings.Join(env, " "))
+		build.Image, build.ID, b.opts.ID, time.Now().UTC().Format(time.RFC3339), strings.Join(args, " "), strings.Join(b.cfg.LoggedEnv(di), " "))
 
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = dir

@@ -63,6 +63,7 @@ func (s *scheduler) run(ctx context.Context) {
 		builds, uploads := s.snapshot()
 		s.scheduleBuilds(ctx, builds)
 		s.scheduleUploads(ctx, builds, uploads)
+		s.deleteAfterUpload(ctx, builds, uploads)
 		s.retain(ctx, builds, uploads)
 		s.deletions(ctx, builds, uploads)
 		if sweep {
@@ -206,6 +207,7 @@ func (s *scheduler) scheduleUploads(ctx context.Context, builds map[string][]kv.
 			if !ok {
 				continue
 			}
+			deleted := target.Files[drv.ImageFormat()].Deleted
 			var last *kv.ImageUpload
 			for i := range uploads {
 				u := &uploads[i]
@@ -216,6 +218,8 @@ func (s *scheduler) scheduleUploads(ctx context.Context, builds map[string][]kv.
 			}
 			attempt := 0
 			switch {
+			case deleted:
+				continue // the file went after its uploads; a rebuild brings a new one
 			case last == nil:
 			case last.State == kv.ImageFailed && !now.Before(b.uploadRetryAt(last)):
 				attempt = last.Attempt

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -84,13 +85,13 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		}
 	}()
 
-	builds, err := b.img.Builds.Filtered(image + ".*").List(ctx)
+	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the builds; trying later", "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	uploads, err := b.img.Uploads.Filtered(image + ".*." + provider + ".*").List(ctx)
+	uploads, err := b.img.Uploads.Filtered(kv.UploadKeys(image, provider)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the uploads; trying later", "err", err)
 		_ = msg.NakWithDelay(time.Second)
@@ -100,6 +101,10 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 	target, ok := uploadTarget(builds, format)
 	if !ok {
 		drop(slog.LevelInfo, "no ready build of the image has the format the provider takes", "format", format)
+		return
+	}
+	if target.Files[format].Deleted {
+		drop(slog.LevelInfo, "the newest build's file of this format was deleted after its uploads (delete-after-upload); the next build is uploaded", "build", target.ID, "format", format)
 		return
 	}
 	var existing *kv.Entry[kv.ImageUpload]
@@ -270,16 +275,23 @@ func (b *Builder) upload(ctx context.Context, drv drivers.ImageProvider, build *
 		return drivers.Image{}, err
 	}
 	defer r.Close()
+	// The diskimage's metadata are the image's default tags; nodepool's
+	// own tags win.
+	tags := map[string]string{}
+	if di, ok := b.cfg.Diskimage(build.Image); ok {
+		maps.Copy(tags, di.Metadata)
+	}
+	maps.Copy(tags, map[string]string{
+		drivers.TagProvider: u.Provider, drivers.TagImage: build.Image,
+		drivers.TagBuild: build.ID, drivers.TagUpload: key,
+	})
 	return drv.UploadImage(ctx, drivers.ImageUpload{
 		Name:   build.Image + "-" + build.ID,
 		Format: u.Format,
 		Size:   file.Size,
 		SHA256: file.SHA256,
-		Tags: map[string]string{
-			drivers.TagProvider: u.Provider, drivers.TagImage: build.Image,
-			drivers.TagBuild: build.ID, drivers.TagUpload: key,
-		},
-		Data: r,
+		Tags:   tags,
+		Data:   r,
 	})
 }
 

@@ -64,7 +64,7 @@ func Connect(ctx context.Context, s config.Settings) (*Client, error) {
 	url, opts := ConnectOptions(s, "nodepool-client")
 	nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(2))...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS at %s (is `nodepool run` up, or NODEPOOL_NATS_URL set?): %w", url, err)
+		return nil, fmt.Errorf("connecting to NATS at %s (is `nodepool run` up, or NODEPOOL_NATS_URL set?): %w", config.RedactURLs(url), err)
 	}
 	c, err := New(ctx, nc)
 	if err != nil {
@@ -215,6 +215,12 @@ func (c *Client) Renew(ctx context.Context, nodeID, holder string, leaseUntil ti
 
 // Return gives a node back (state used); nodepool then deletes it.
 func (c *Client) Return(ctx context.Context, nodeID string) error {
+	return c.ReturnAs(ctx, nodeID, Guard{Force: true})
+}
+
+// ReturnAs gives a node back on behalf of g.Holder: it refuses a node held
+// by someone else, allocated to a request, or on hold, unless g.Force.
+func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
 	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
@@ -222,6 +228,9 @@ func (c *Client) Return(ctx context.Context, nodeID string) error {
 			return kv.ErrSkip
 		default:
 			return fmt.Errorf("node %s is %s; only in-use, ready or held nodes can be returned", nodeID, n.State)
+		}
+		if err := g.check(ctx, n, c.b.Requests); err != nil {
+			return err
 		}
 		n.SetState(kv.NodeUsed, time.Now().UTC())
 		return nil
@@ -255,11 +264,21 @@ func (c *Client) Hold(ctx context.Context, nodeID, reason string, expire time.Du
 }
 
 // DeleteNode asks for a node to be deleted whatever its state (an
-// operator's `nodepool delete`).
+// operator's `nodepool delete --force`).
 func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {
+	return c.DeleteNodeAs(ctx, nodeID, Guard{Force: true})
+}
+
+// DeleteNodeAs asks for a node to be deleted on behalf of g.Holder: it
+// refuses a node held by someone else, allocated to a request, or on hold,
+// unless g.Force.
+func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error {
 	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
 		if n.State == kv.NodeDeleting {
 			return kv.ErrSkip
+		}
+		if err := g.check(ctx, n, c.b.Requests); err != nil {
+			return err
 		}
 		n.SetState(kv.NodeDeleting, time.Now().UTC())
 		n.Launcher = ""

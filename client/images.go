@@ -26,7 +26,7 @@ func (c *Client) RequestBuild(ctx context.Context, image, requestedBy string) er
 // PauseImage pauses (or resumes) the builds of an image.
 func (c *Client) PauseImage(ctx context.Context, image string, paused bool, by string) error {
 	if !events.ValidImageName(image) {
-		return fmt.Errorf("image name %q is not valid; expected 1 to 64 of A-Z a-z 0-9 _ -", image)
+		return fmt.Errorf("image name %q is not valid; expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots", image)
 	}
 	s := c.Images().Images
 	set := func(d *kv.DiskImage) {
@@ -39,7 +39,7 @@ func (c *Client) PauseImage(ctx context.Context, image string, paused bool, by s
 		}
 	}
 	for {
-		_, err := s.Modify(ctx, image, func(d *kv.DiskImage) error {
+		_, err := s.Modify(ctx, kv.DiskImageKey(image), func(d *kv.DiskImage) error {
 			if d.Paused == paused {
 				return kv.ErrSkip
 			}
@@ -49,7 +49,7 @@ func (c *Client) PauseImage(ctx context.Context, image string, paused bool, by s
 		if errors.Is(err, kv.ErrNotFound) {
 			d := &kv.DiskImage{}
 			set(d)
-			if _, err = s.Create(ctx, image, d); errors.Is(err, kv.ErrExists) {
+			if _, err = s.Create(ctx, kv.DiskImageKey(image), d); errors.Is(err, kv.ErrExists) {
 				continue
 			}
 		}

@@ -13,7 +13,8 @@ import (
 )
 
 // Error is one problem found in a configuration file: where it is (file,
-// line, path of the key) and what was expected.
+// line, path of the key) and what was expected. Warnings have the same
+// shape.
 type Error struct {
 	File string
 	Line int
@@ -56,23 +57,46 @@ func (es Errors) Unwrap() []error {
 	return out
 }
 
+// maxNodes bounds the YAML nodes one file may expand to through aliases,
+// so that a hostile file (the "billion laughs") is refused instead of
+// exhausting memory.
+const maxNodes = 1 << 18
+
 // decoder turns a yaml.Node tree into Go values strictly: every key must be a
 // field of the target, every value must have the field's type. It collects all
 // problems instead of stopping at the first.
 type decoder struct {
-	file string
-	errs Errors
+	file  string
+	errs  Errors
+	warns Errors
 	// driver is the driver of the provider being decoded; fields tagged
 	// `drivers:"a,b"` are keys only for those drivers.
 	driver string
+	// lenient skips unknown keys without a word: set while decoding a
+	// provider whose driver is not available, whose keys cannot be known.
+	lenient bool
+	// nodes counts the nodes decoded, aliases expanded (see maxNodes).
+	nodes    int
+	tooLarge bool
+	// merging are the mappings whose merge keys are being expanded, to
+	// refuse a mapping that merges itself.
+	merging map[*yaml.Node]bool
 }
 
 func (d *decoder) fail(path string, n *yaml.Node, format string, args ...any) {
+	d.errs = append(d.errs, d.problem(path, n, format, args...))
+}
+
+func (d *decoder) warn(path string, n *yaml.Node, format string, args ...any) {
+	d.warns = append(d.warns, d.problem(path, n, format, args...))
+}
+
+func (d *decoder) problem(path string, n *yaml.Node, format string, args ...any) *Error {
 	line := 0
 	if n != nil {
 		line = n.Line
 	}
-	d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	return &Error{File: d.file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)}
 }
 
 // customDecoder is implemented by types that decode themselves (durations,
@@ -122,20 +146,39 @@ func describe(n *yaml.Node) string {
 }
 
 func resolveAlias(n *yaml.Node) *yaml.Node {
-	for n != nil && n.Kind == yaml.AliasNode {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 100; i++ {
 		n = n.Alias
+	}
+	if n != nil && n.Kind == yaml.AliasNode {
+		return nil // an alias loop; yaml.v3 refuses those, this is a guard
 	}
 	return n
 }
 
 func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+	return n != nil && n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// count charges n to the node budget; false once it is spent.
+func (d *decoder) count() bool {
+	d.nodes++
+	if d.nodes > maxNodes {
+		if !d.tooLarge {
+			d.tooLarge = true
+			d.fail("", nil, "the file expands to more than %d values through aliases; expected a configuration, not a puzzle", maxNodes)
+		}
+		return false
+	}
+	return true
 }
 
 // decode stores n into v (which must be settable).
 func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value) {
+	if !d.count() {
+		return
+	}
 	n = resolveAlias(n)
-	if isNull(n) {
+	if n == nil || isNull(n) {
 		return // an empty value leaves the default in place
 	}
 	if v.CanAddr() && v.Addr().Type().Implements(customDecoderType) {
@@ -149,7 +192,7 @@ func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value) {
 		}
 		d.decode(path, n, v.Elem())
 	case reflect.Struct:
-		d.decodeStruct(path, n, []reflect.Value{v})
+		d.decodeStruct(path, n, v)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			d.fail(path, n, "expected a list, got %s", describe(n))
@@ -165,161 +208,364 @@ func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value) {
 			d.fail(path, n, "expected a mapping, got %s", describe(n))
 			return
 		}
-		m := reflect.MakeMapWithSize(v.Type(), len(n.Content)/2)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, val := n.Content[i], n.Content[i+1]
+		ps := d.pairs(path, n)
+		m := reflect.MakeMapWithSize(v.Type(), len(ps))
+		for _, p := range ps {
+			if p.key.Kind != yaml.ScalarNode {
+				d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
+				continue
+			}
 			ev := reflect.New(v.Type().Elem()).Elem()
-			d.decode(joinPath(path, k.Value), val, ev)
-			m.SetMapIndex(reflect.ValueOf(k.Value).Convert(v.Type().Key()), ev)
+			d.decode(joinPath(path, p.key.Value), p.val, ev)
+			m.SetMapIndex(reflect.ValueOf(p.key.Value).Convert(v.Type().Key()), ev)
 		}
 		v.Set(m)
 	case reflect.String:
-		if n.Kind != yaml.ScalarNode {
-			d.fail(path, n, "expected a string, got %s", describe(n))
-			return
-		}
-		v.SetString(n.Value)
+		d.decodeString(path, n, v, false)
 	case reflect.Int, reflect.Int64, reflect.Int32:
-		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-			d.fail(path, n, "expected an integer, got %s", describe(n))
-			return
+		i, ok := d.integer(path, n)
+		if ok {
+			v.SetInt(i)
 		}
-		i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
-		if err != nil {
-			d.fail(path, n, "expected an integer, got %s", describe(n))
-			return
-		}
-		v.SetInt(i)
 	case reflect.Float64:
 		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
 			d.fail(path, n, "expected a number, got %s", describe(n))
 			return
 		}
-		f, err := strconv.ParseFloat(n.Value, 64)
+		f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
 		if err != nil {
 			d.fail(path, n, "expected a number, got %s", describe(n))
 			return
 		}
 		v.SetFloat(f)
 	case reflect.Bool:
-		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+		b, ok := yamlBool(n)
+		if !ok {
 			d.fail(path, n, "expected true or false, got %s", describe(n))
 			return
 		}
-		v.SetBool(n.Value == "true" || n.Value == "True" || n.Value == "TRUE" || n.Value == "yes")
+		v.SetBool(b)
 	default:
 		d.fail(path, n, "cannot decode into %s (a bug in the schema)", v.Type())
 	}
 }
 
-// decodeStruct decodes a mapping into one or more structs: a key is stored in
-// the first target that has a field for it. Several targets let a mapping mix
-// common keys with keys that depend on the driver.
-func (d *decoder) decodeStruct(path string, n *yaml.Node, targets []reflect.Value) {
-	n = resolveAlias(n)
-	if n.Kind != yaml.MappingNode {
-		d.fail(path, n, "expected a mapping, got %s", describe(n))
+// decodeString stores a string. Nodepool reads its file with PyYAML, whose
+// unquoted 8, 1.5 and true are a number and a boolean, which a key typed
+// str refuses; so do we, unless anyScalar (release: 8 is fine).
+func (d *decoder) decodeString(path string, n *yaml.Node, v reflect.Value, anyScalar bool) {
+	if n.Kind != yaml.ScalarNode {
+		d.fail(path, n, "expected a string, got %s", describe(n))
 		return
 	}
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], n.Content[i+1]
-		key := k.Value
-		if seen[key] {
-			d.fail(joinPath(path, key), k, "key given twice")
-			continue
-		}
-		seen[key] = true
-		field, ok := d.findField(targets, key)
-		if !ok {
-			d.fail(joinPath(path, key), k, "unknown key; expected one of: %s", strings.Join(d.fieldNames(targets), ", "))
-			continue
-		}
-		d.decode(joinPath(path, key), val, field)
+	if !anyScalar && (n.Tag == "!!int" || n.Tag == "!!float" || n.Tag == "!!bool") {
+		d.fail(path, n, "expected a string, got %s; quote it (%q) to make it one", describe(n), n.Value)
+		return
 	}
-	for _, t := range targets {
-		for _, f := range reflect.VisibleFields(t.Type()) {
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name == "" || name == "-" || f.Tag.Get("required") != "true" || !d.fieldApplies(f) {
+	v.SetString(n.Value)
+}
+
+func (d *decoder) integer(path string, n *yaml.Node) (int64, bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		d.fail(path, n, "expected an integer, got %s", describe(n))
+		return 0, false
+	}
+	i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
+	if err != nil {
+		if u, uerr := strconv.ParseUint(strings.ReplaceAll(n.Value, "_", ""), 0, 64); uerr == nil && u > 0 {
+			d.fail(path, n, "the integer %s is too large", n.Value)
+		} else {
+			d.fail(path, n, "expected an integer, got %s", describe(n))
+		}
+		return 0, false
+	}
+	return i, true
+}
+
+// yamlBool reads a boolean the way PyYAML (YAML 1.1) does: besides true
+// and false in any case, yes/no and on/off.
+func yamlBool(n *yaml.Node) (bool, bool) {
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!bool" && n.Tag != "!!str") || n.Style&(yaml.SingleQuotedStyle|yaml.DoubleQuotedStyle) != 0 {
+		return false, false
+	}
+	switch n.Value {
+	case "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON":
+		return true, true
+	case "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF":
+		return false, true
+	}
+	return false, false
+}
+
+// pair is one key and value of a mapping.
+type pair struct{ key, val *yaml.Node }
+
+// pairs lists a mapping's entries with YAML merge keys (`<<: *anchor`)
+// expanded, as PyYAML does: an entry written in the mapping wins over a
+// merged one, and of several merged mappings the first wins. A key given
+// twice keeps its last value (PyYAML's rule) with a warning.
+func (d *decoder) pairs(path string, n *yaml.Node) []pair {
+	if d.merging[n] {
+		d.fail(joinPath(path, "<<"), n, "a mapping merges itself (through an alias of an anchor it holds)")
+		return nil
+	}
+	if d.merging == nil {
+		d.merging = map[*yaml.Node]bool{}
+	}
+	d.merging[n] = true
+	defer delete(d.merging, n)
+	var own, merged []pair
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			merged = append(merged, d.mergeSources(path, k, v)...)
+			continue
+		}
+		own = append(own, pair{k, v})
+	}
+	out := make([]pair, 0, len(own)+len(merged))
+	index := map[string]int{}
+	for _, p := range own {
+		name := p.key.Value
+		if i, dup := index[name]; dup && p.key.Kind == yaml.ScalarNode {
+			d.warn(joinPath(path, name), p.key, "key given twice (also line %d); the last value is used, as Nodepool does", out[i].key.Line)
+			out[i] = p
+			continue
+		}
+		index[name] = len(out)
+		out = append(out, p)
+	}
+	for _, p := range merged {
+		if _, ok := index[p.key.Value]; ok {
+			continue
+		}
+		index[p.key.Value] = len(out)
+		out = append(out, p)
+	}
+	return out
+}
+
+// mergeSources returns the entries a merge key brings in.
+func (d *decoder) mergeSources(path string, k, v *yaml.Node) []pair {
+	v = resolveAlias(v)
+	var srcs []*yaml.Node
+	switch {
+	case v != nil && v.Kind == yaml.MappingNode:
+		srcs = []*yaml.Node{v}
+	case v != nil && v.Kind == yaml.SequenceNode:
+		for _, s := range v.Content {
+			srcs = append(srcs, resolveAlias(s))
+		}
+	}
+	var out []pair
+	for _, s := range srcs {
+		if s == nil || s.Kind != yaml.MappingNode {
+			d.fail(joinPath(path, "<<"), k, "a merge key takes a mapping or a list of mappings")
+			return nil
+		}
+		if !d.count() {
+			return nil
+		}
+		out = append(out, d.pairs(path, s)...)
+	}
+	if srcs == nil {
+		d.fail(joinPath(path, "<<"), k, "a merge key takes a mapping or a list of mappings, got %s", describe(v))
+	}
+	return out
+}
+
+// field is a key of a struct: its name in the file and where it is,
+// through inline (embedded) structs.
+type field struct {
+	name  string
+	index []int
+	tag   reflect.StructTag
+}
+
+// fieldsOf lists the keys of a struct type, in declaration order, walking
+// into anonymous fields tagged `yaml:",inline"` (the driver-specific parts
+// of Provider, Pool and PoolLabel). Unlike reflect.VisibleFields it keeps
+// fields whose Go names clash across inline structs: two drivers may both
+// have a key, with its own type each.
+func fieldsOf(t reflect.Type) []field {
+	var out []field
+	var walk func(t reflect.Type, index []int)
+	walk = func(t reflect.Type, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			idx := append(slices.Clone(index), i)
+			if f.Anonymous && name == "" && opts == "inline" && f.Type.Kind() == reflect.Struct {
+				walk(f.Type, idx)
 				continue
 			}
-			if !seen[name] {
-				d.fail(path, n, "missing required key %q", name)
+			if name == "" || name == "-" || !f.IsExported() {
+				continue
 			}
+			out = append(out, field{name: name, index: idx, tag: f.Tag})
 		}
 	}
+	walk(t, nil)
+	return out
+}
+
+// decodeStruct decodes a mapping into a struct: a key is stored in the
+// first field of that name whose drivers tag applies. It returns the keys
+// the mapping gives a value (not null), for defaults that depend on
+// whether a key was written.
+func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[string]bool {
+	set := map[string]bool{}
+	n = resolveAlias(n)
+	if n == nil {
+		return set
+	}
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, n, "expected a mapping, got %s", describe(n))
+		return set
+	}
+	fields := fieldsOf(v.Type())
+	seen := map[string]bool{}
+	for _, p := range d.pairs(path, n) {
+		if p.key.Kind != yaml.ScalarNode {
+			d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
+			continue
+		}
+		key := p.key.Value
+		seen[key] = true
+		f, ok := d.findField(fields, key)
+		if !ok {
+			if !d.lenient {
+				d.unknownKey(joinPath(path, key), p.key, key, fields)
+			}
+			continue
+		}
+		if !isNull(resolveAlias(p.val)) {
+			set[key] = true
+		}
+		fv := v.FieldByIndex(f.index)
+		if f.tag.Get("anyscalar") == "true" && fv.Kind() == reflect.String {
+			if rv := resolveAlias(p.val); rv != nil && !isNull(rv) {
+				d.decodeString(joinPath(path, key), rv, fv, true)
+			}
+			continue
+		}
+		d.decode(joinPath(path, key), p.val, fv)
+	}
+	for _, f := range fields {
+		if f.tag.Get("required") != "true" || !d.fieldApplies(f.tag) || seen[f.name] {
+			continue
+		}
+		d.fail(path, n, "missing required key %q", f.name)
+	}
+	return set
+}
+
+func (d *decoder) unknownKey(path string, at *yaml.Node, key string, fields []field) {
+	names := d.fieldNames(fields)
+	if alt, ok := renamedKeys[key]; ok && slices.Contains(names, alt) {
+		d.fail(path, at, "unknown key; did you mean %q?", alt)
+		return
+	}
+	for _, f := range fields {
+		if f.name != key {
+			continue
+		}
+		if drivers := f.tag.Get("drivers"); drivers != "" {
+			d.fail(path, at, "the %s driver has no such key (it is a key of the %s driver); expected one of: %s", d.driver, strings.ReplaceAll(drivers, ",", ", "), strings.Join(names, ", "))
+		} else {
+			d.fail(path, at, "the %s driver has no such key; expected one of: %s", d.driver, strings.Join(names, ", "))
+		}
+		return
+	}
+	d.fail(path, at, "unknown key; expected one of: %s", strings.Join(names, ", "))
+}
+
+// renamedKeys are keys written where another was meant (the first is in
+// an example of Nodepool's own documentation).
+var renamedKeys = map[string]string{
+	"base":     "parent",
+	"ssh-port": "connection-port",
 }
 
 // fieldApplies reports whether a field is a key for the current driver:
 // `drivers:"a,b"` names the only drivers that have it, `notdrivers:"c"` the
 // drivers that do not.
-func (d *decoder) fieldApplies(f reflect.StructField) bool {
-	if not := f.Tag.Get("notdrivers"); not != "" && slices.Contains(strings.Split(not, ","), d.driver) {
+func (d *decoder) fieldApplies(tag reflect.StructTag) bool {
+	if not := tag.Get("notdrivers"); not != "" && slices.Contains(strings.Split(not, ","), d.driver) {
 		return false
 	}
-	drivers := f.Tag.Get("drivers")
+	drivers := tag.Get("drivers")
 	if drivers == "" {
 		return true
 	}
 	return slices.Contains(strings.Split(drivers, ","), d.driver)
 }
 
-func (d *decoder) findField(targets []reflect.Value, key string) (reflect.Value, bool) {
-	for _, t := range targets {
-		for _, f := range reflect.VisibleFields(t.Type()) {
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name == key && d.fieldApplies(f) {
-				return t.FieldByIndex(f.Index), true
-			}
+func (d *decoder) findField(fields []field, key string) (field, bool) {
+	for _, f := range fields {
+		if f.name == key && d.fieldApplies(f.tag) {
+			return f, true
 		}
 	}
-	return reflect.Value{}, false
+	return field{}, false
 }
 
-func (d *decoder) fieldNames(targets []reflect.Value) []string {
+func (d *decoder) fieldNames(fields []field) []string {
 	var names []string
-	for _, t := range targets {
-		for _, f := range reflect.VisibleFields(t.Type()) {
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name != "" && name != "-" && d.fieldApplies(f) {
-				names = append(names, name)
-			}
+	for _, f := range fields {
+		if d.fieldApplies(f.tag) {
+			names = append(names, f.name)
 		}
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
 }
 
-// mappingValue returns the value node of key in a mapping node, or nil.
+// mappingValue returns the value node of key in a mapping node (merge keys
+// expanded), or nil.
 func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	n = resolveAlias(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	var quiet decoder
+	var found *yaml.Node
+	for _, p := range quiet.pairs("", n) {
+		if p.key.Value == key {
+			found = resolveAlias(p.val)
+		}
+	}
+	return found
+}
+
+// keyNode returns the key node of key in a mapping, for pointing at the
+// line of a key whose value is empty.
+func keyNode(n *yaml.Node, key string) *yaml.Node {
 	n = resolveAlias(n)
 	if n == nil || n.Kind != yaml.MappingNode {
 		return nil
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if n.Content[i].Value == key {
-			return resolveAlias(n.Content[i+1])
+			return n.Content[i]
 		}
 	}
 	return nil
 }
 
 // Duration is a length of time written as a number of seconds (Nodepool's
-// habit: `boot-timeout: 120`, `boot-delay: 0.1`) or as a Go duration string
-// (`90s`, `5m`, `1h30m`).
+// habit: `boot-timeout: 120`) or, as an extension, as a fraction of seconds
+// (`boot-delay: 0.1`) or a Go duration string (`90s`, `5m`, `1h30m`).
 type Duration time.Duration
 
 // D returns the duration as a time.Duration.
 func (du Duration) D() time.Duration { return time.Duration(du) }
 
+const durationExpected = "a duration (seconds, or a string such as \"90s\" or \"5m\")"
+
 func (du *Duration) decodeYAML(d *decoder, path string, n *yaml.Node) {
-	if n.Kind != yaml.ScalarNode {
-		d.fail(path, n, "expected a duration (seconds, or a string such as \"90s\" or \"5m\"), got %s", describe(n))
-		return
-	}
-	val, err := parseDuration(n.Value)
-	if err != nil {
-		d.fail(path, n, "expected a duration (seconds, or a string such as \"90s\" or \"5m\"), got %s", describe(n))
+	val, ok := d.duration(path, n)
+	if !ok {
 		return
 	}
 	if val < 0 {
@@ -329,8 +575,41 @@ func (du *Duration) decodeYAML(d *decoder, path string, n *yaml.Node) {
 	*du = Duration(val)
 }
 
+func (d *decoder) duration(path string, n *yaml.Node) (time.Duration, bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!bool" {
+		d.fail(path, n, "expected %s, got %s", durationExpected, describe(n))
+		return 0, false
+	}
+	val, err := parseDuration(n.Value)
+	if err != nil {
+		d.fail(path, n, "expected %s, got %s", durationExpected, describe(n))
+		return 0, false
+	}
+	return val, true
+}
+
+// Age is a Duration where zero or less means "off" (max-hold-age,
+// max-ready-age): a negative number is accepted, as Nodepool does, and
+// read as zero.
+type Age Duration
+
+// D returns the age as a time.Duration (0: off).
+func (a Age) D() time.Duration { return time.Duration(a) }
+
+func (a *Age) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	if val, ok := d.duration(path, n); ok {
+		*a = Age(max(val, 0))
+	}
+}
+
+// MarshalText writes the age as a Go duration string.
+func (a Age) MarshalText() ([]byte, error) { return []byte(time.Duration(a).String()), nil }
+
 func parseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f > float64(1<<62)/float64(time.Second) || f < -float64(1<<62)/float64(time.Second) {
+			return 0, errors.New("out of range")
+		}
 		return time.Duration(f * float64(time.Second)), nil
 	}
 	d, err := time.ParseDuration(s)
@@ -348,10 +627,40 @@ type StringList []string
 
 func (sl *StringList) decodeYAML(d *decoder, path string, n *yaml.Node) {
 	if n.Kind == yaml.ScalarNode {
-		*sl = StringList{n.Value}
+		var s string
+		d.decodeString(path, n, reflect.ValueOf(&s).Elem(), false)
+		*sl = StringList{s}
 		return
 	}
 	var list []string
 	d.decode(path, n, reflect.ValueOf(&list).Elem())
 	*sl = list
+}
+
+// Attributes is a mapping of names to scalar values (node-attributes,
+// diskimage metadata): numbers and booleans are kept as the text written,
+// since the node record's attributes are strings.
+type Attributes map[string]string
+
+func (a *Attributes) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, n, "expected a mapping of names to values, got %s", describe(n))
+		return
+	}
+	out := Attributes{}
+	for _, p := range d.pairs(path, n) {
+		v := resolveAlias(p.val)
+		kpath := joinPath(path, p.key.Value)
+		switch {
+		case p.key.Kind != yaml.ScalarNode:
+			d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
+		case v == nil || v.Kind != yaml.ScalarNode:
+			d.fail(kpath, p.val, "expected a plain value (a string, number or boolean), got %s; nested values are not supported: the node record's attributes map names to strings", describe(p.val))
+		case isNull(v):
+			out[p.key.Value] = ""
+		default:
+			out[p.key.Value] = v.Value
+		}
+	}
+	*a = out
 }

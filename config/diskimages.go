@@ -44,51 +44,69 @@ type Diskimage struct {
 	// Elements are diskimage-builder elements; an image adds its own to its
 	// parent's.
 	Elements []string `yaml:"elements"`
-	// Release is passed to diskimage-builder as DIB_RELEASE.
-	Release string `yaml:"release"`
+	// Release is passed to diskimage-builder as DIB_RELEASE (a number is
+	// fine: release: 8).
+	Release string `yaml:"release" anyscalar:"true"`
 	// EnvVars are set in the build's environment; an image's own override
-	// its parent's.
+	// its parent's, and the secure file's override both.
 	EnvVars map[string]string `yaml:"env-vars"`
 	// Formats are built in addition to those the providers need.
-	Formats      []string `yaml:"formats"`
-	RebuildAge   Duration `yaml:"rebuild-age"`
-	BuildTimeout Duration `yaml:"build-timeout"`
-	Pause        bool     `yaml:"pause"`
-	DibCmd       string   `yaml:"dib-cmd"`
-	Username     string   `yaml:"username"`
-	PythonPath   string   `yaml:"python-path"`
-	ShellType    string   `yaml:"shell-type"`
+	Formats []string `yaml:"formats"`
+	// DeleteAfterUpload deletes a format's file once every upload of it
+	// is done, except the formats in KeepFormats.
+	DeleteAfterUpload bool     `yaml:"delete-after-upload"`
+	KeepFormats       []string `yaml:"keep-formats"`
+	RebuildAge        Duration `yaml:"rebuild-age"`
+	BuildTimeout      Duration `yaml:"build-timeout"`
+	Pause             bool     `yaml:"pause"`
+	DibCmd            string   `yaml:"dib-cmd"`
+	// What a node booted from the image is reached with.
+	Username   string `yaml:"username"`
+	PythonPath string `yaml:"python-path"`
+	ShellType  string `yaml:"shell-type"`
+	// Metadata are the default metadata (tags) of the image's uploads;
+	// a driver adds its own nodepool_* ones.
+	Metadata Attributes `yaml:"metadata"`
 
-	// set holds the keys written in the file, for inheritance.
-	set map[string]bool
+	// set holds the keys written in the file, for inheritance; secret
+	// the env-vars the secure file gave.
+	set    map[string]bool
+	secret map[string]bool
 }
 
+// SecretEnv reports whether an env-var came from the secure file, so its
+// value is not written where it could be read (build logs).
+func (di *Diskimage) SecretEnv(name string) bool { return di.secret[name] }
+
 // ProviderDiskimage is an entry of a provider's `diskimages`: an image to
-// upload to this provider.
+// upload to this provider, and how nodes booted from it are reached.
 type ProviderDiskimage struct {
 	Name string `yaml:"name" required:"true"`
 	// Pause stops uploads of the image to this provider.
 	Pause bool `yaml:"pause"`
+	// ConnectionType and ConnectionPort are what a consumer uses to
+	// reach a node booted from the image (default ssh, and 22, or 5986
+	// for winrm).
+	ConnectionType string `yaml:"connection-type"`
+	ConnectionPort int    `yaml:"connection-port"`
+
+	// The keys an aws provider adds (aws.go).
+	AWSDiskimage `yaml:",inline"`
+
+	set map[string]bool
 }
 
 func (di *Diskimage) decodeYAML(d *decoder, path string, n *yaml.Node) {
-	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(di).Elem()})
-	di.set = map[string]bool{}
-	if n = resolveAlias(n); n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if !isNull(resolveAlias(n.Content[i+1])) {
-				di.set[n.Content[i].Value] = true
-			}
-		}
-	}
+	di.set = d.decodeStruct(path, n, reflect.ValueOf(di).Elem())
 }
 
 func (pd *ProviderDiskimage) decodeYAML(d *decoder, path string, n *yaml.Node) {
 	if n.Kind == yaml.ScalarNode {
-		pd.Name = n.Value
+		d.decodeString(path, n, reflect.ValueOf(&pd.Name).Elem(), false)
+		pd.set = map[string]bool{"name": true}
 		return
 	}
-	d.decodeStruct(path, n, []reflect.Value{reflect.ValueOf(pd).Elem()})
+	pd.set = d.decodeStruct(path, n, reflect.ValueOf(pd).Elem())
 }
 
 // notInherited are the diskimage keys an image never takes from its parent
@@ -171,12 +189,9 @@ func (c *Config) resolveDiskimages(d *decoder, root *yaml.Node) {
 }
 
 func (c *Config) applyImageDefaults() {
-	if c.BuildLogRetention == nil {
-		r := DefaultBuildLogRetention
-		c.BuildLogRetention = &r
-	}
 	for i := range c.Diskimages {
 		di := &c.Diskimages[i]
+		// As in Nodepool, 0 (or nothing) means the default.
 		if di.RebuildAge == 0 {
 			di.RebuildAge = Duration(DefaultRebuildAge)
 		}
@@ -192,11 +207,26 @@ func (c *Config) applyImageDefaults() {
 		if di.PythonPath == "" {
 			di.PythonPath = DefaultPythonPath
 		}
+		if di.ShellType == "" {
+			di.ShellType = DefaultShellType
+		}
+		if di.Metadata == nil {
+			di.Metadata = Attributes{}
+		}
 	}
 	for i := range c.Providers {
 		p := &c.Providers[i]
-		if p.Driver == "fake" && p.ImageFormat == "" {
-			p.ImageFormat = DefaultImageFormat
+		for j := range p.Diskimages {
+			pd := &p.Diskimages[j]
+			if !pd.set["connection-type"] {
+				pd.ConnectionType = DefaultStaticConnectionType
+			}
+			if !pd.set["connection-port"] {
+				pd.ConnectionPort = DefaultStaticSSHPort
+				if pd.ConnectionType == "winrm" {
+					pd.ConnectionPort = DefaultStaticWinRMPort
+				}
+			}
 		}
 	}
 }
@@ -205,55 +235,71 @@ var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // validateImages checks the diskimages, the providers' diskimages and the
 // pool labels that name one.
-func (c *Config) validateImages(d *decoder, root *yaml.Node) {
-	line := func(path ...any) *yaml.Node { return nodeAt(root, path...) }
+func (c *Config) validateImages(v *validation) {
 	if r := *c.BuildLogRetention; r < -1 {
-		d.fail("build-log-retention", line("build-log-retention"), "expected -1 (keep every log) or a number of logs to keep, got %d", r)
+		v.fail("build-log-retention", v.at("build-log-retention"), "expected -1 (keep every log) or a number of logs to keep, got %d", r)
+	}
+	uploaded := map[string]bool{}
+	for _, p := range c.Providers {
+		for _, pd := range p.Diskimages {
+			uploaded[pd.Name] = true
+		}
 	}
 	images := map[string]int{}
 	for i, di := range c.Diskimages {
 		path := indexPath("diskimages", i)
-		at := func(rest ...any) *yaml.Node { return line(append([]any{"diskimages", i}, rest...)...) }
-		if !nameRE.MatchString(di.Name) {
-			d.fail(path+".name", at("name"), "diskimage name %q is not valid; expected 1 to 64 of A-Z a-z 0-9 _ - (no dots: it becomes a subject token and part of record keys)", di.Name)
+		at := func(rest ...any) *yaml.Node { return v.at(append([]any{"diskimages", i}, rest...)...) }
+		if !validName(di.Name) {
+			v.fail(path+".name", at("name"), "diskimage name %q is not valid; expected %s", di.Name, nameExpected)
 		}
 		if prev, dup := images[di.Name]; dup {
-			d.fail(path+".name", at("name"), "diskimage %q is defined twice (also diskimages[%d])", di.Name, prev)
+			v.fail(path+".name", at("name"), "diskimage %q is defined twice (also diskimages[%d])", di.Name, prev)
 		}
 		images[di.Name] = i
 		for j, f := range di.Formats {
 			if !slices.Contains(ImageFormats, f) {
-				d.fail(indexPath(path+".formats", j), at("formats", j), "unknown format %q; expected one of: %s", f, strings.Join(ImageFormats, ", "))
+				v.fail(indexPath(path+".formats", j), at("formats", j), "unknown format %q; expected one of: %s", f, strings.Join(ImageFormats, ", "))
 			}
+		}
+		for j, f := range di.KeepFormats {
+			if !slices.Contains(ImageFormats, f) {
+				v.fail(indexPath(path+".keep-formats", j), at("keep-formats", j), "unknown format %q; expected one of: %s", f, strings.Join(ImageFormats, ", "))
+			}
+		}
+		if len(di.KeepFormats) > 0 && !di.DeleteAfterUpload && !di.Abstract {
+			v.warn(path+".keep-formats", at("keep-formats"), "keep-formats has an effect only with delete-after-upload: true; every format is kept")
+		}
+		if !di.Abstract && !uploaded[di.Name] && len(di.Formats) == 0 {
+			v.warn(path+".name", at("name"), "diskimage %q is not in any provider's diskimages and has no formats, so it is not built", di.Name)
 		}
 		for j, e := range di.Elements {
 			if strings.TrimSpace(e) == "" || strings.ContainsAny(e, " \t\n") {
-				d.fail(indexPath(path+".elements", j), at("elements", j), "element %q is not valid; expected an element name without spaces", e)
+				v.fail(indexPath(path+".elements", j), at("elements", j), "element %q is not valid; expected an element name without spaces", e)
 			}
 		}
 		for k := range di.EnvVars {
 			if !envNameRE.MatchString(k) {
-				d.fail(path+".env-vars."+k, at("env-vars"), "%q is not a valid environment variable name; expected A-Z a-z 0-9 _, not starting with a digit", k)
+				v.fail(path+".env-vars."+k, at("env-vars"), "%q is not a valid environment variable name; expected A-Z a-z 0-9 _, not starting with a digit", k)
 			}
 		}
 		if strings.ContainsAny(di.DibCmd, `"'\`) {
-			d.fail(path+".dib-cmd", at("dib-cmd"), "quoting is not supported; the command is split on whitespace (put a complex command in a script)")
+			v.fail(path+".dib-cmd", at("dib-cmd"), "quoting is not supported; the command is split on whitespace (put a complex command in a script)")
 		}
 		if strings.ContainsAny(di.Username, " \t\n") {
-			d.fail(path+".username", at("username"), "username %q is not valid; expected a user name without spaces", di.Username)
+			v.fail(path+".username", at("username"), "username %q is not valid; expected a user name without spaces", di.Username)
 		}
 		if strings.ContainsAny(di.ShellType, " \t\n") {
-			d.fail(path+".shell-type", at("shell-type"), "shell-type %q is not valid; expected a shell name such as sh, csh or powershell", di.ShellType)
+			v.fail(path+".shell-type", at("shell-type"), "shell-type %q is not valid; expected a shell name such as sh, csh or powershell", di.ShellType)
 		}
 	}
 	for i, p := range c.Providers {
-		path := indexPath("providers", i)
-		at := func(rest ...any) *yaml.Node { return line(append([]any{"providers", i}, rest...)...) }
-		if p.ImageFormat != "" && !slices.Contains(ImageFormats, p.ImageFormat) {
-			d.fail(path+".image-format", at("image-format"), "unknown format %q; expected one of: %s", p.ImageFormat, strings.Join(ImageFormats, ", "))
+		if !driverSpecs[p.Driver].available {
+			continue
 		}
-		if p.UploadFailureRate < 0 || p.UploadFailureRate > 1 {
-			d.fail(path+".upload-failure-rate", at("upload-failure-rate"), "expected a number from 0 to 1, got %g", p.UploadFailureRate)
+		path := indexPath("providers", i)
+		at := func(rest ...any) *yaml.Node { return v.at(append([]any{"providers", i}, rest...)...) }
+		if p.ImageFormat != "" && !slices.Contains(ImageFormats, p.ImageFormat) {
+			v.fail(path+".image-format", at("image-format"), "unknown format %q; expected one of: %s", p.ImageFormat, strings.Join(ImageFormats, ", "))
 		}
 		listed := map[string]bool{}
 		for j, pd := range p.Diskimages {
@@ -261,14 +307,20 @@ func (c *Config) validateImages(d *decoder, root *yaml.Node) {
 			di, ok := c.Diskimage(pd.Name)
 			switch {
 			case !ok:
-				d.fail(dpath, at("diskimages", j), "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pd.Name, strings.Join(c.DiskimageNames(), ", "))
+				v.fail(dpath, at("diskimages", j), "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pd.Name, strings.Join(c.DiskimageNames(), ", "))
 			case di.Abstract:
-				d.fail(dpath, at("diskimages", j), "diskimage %q is abstract; only images that are built can be uploaded", pd.Name)
+				v.fail(dpath, at("diskimages", j), "diskimage %q is abstract; only images that are built can be uploaded", pd.Name)
 			}
 			if listed[pd.Name] {
-				d.fail(dpath, at("diskimages", j), "diskimage %q is listed twice in this provider", pd.Name)
+				v.fail(dpath, at("diskimages", j), "diskimage %q is listed twice in this provider", pd.Name)
 			}
 			listed[pd.Name] = true
+			if pd.ConnectionType == "" || strings.ContainsAny(pd.ConnectionType, " \t\n") {
+				v.fail(dpath+".connection-type", at("diskimages", j, "connection-type"), "expected a connection type such as ssh or winrm, got %q", pd.ConnectionType)
+			}
+			if pd.ConnectionPort < 1 || pd.ConnectionPort > 65535 {
+				v.fail(dpath+".connection-port", at("diskimages", j, "connection-port"), "expected a port from 1 to 65535, got %d", pd.ConnectionPort)
+			}
 		}
 		for j, pool := range p.Pools {
 			for k, pl := range pool.Labels {
@@ -278,10 +330,10 @@ func (c *Config) validateImages(d *decoder, root *yaml.Node) {
 				lpath := indexPath(indexPath(path+".pools", j)+".labels", k)
 				lat := at("pools", j, "labels", k, "diskimage")
 				if pl.CloudImage != "" {
-					d.fail(lpath, lat, "a label boots from a diskimage or a cloud-image, not both")
+					v.fail(lpath, lat, "a label boots from a diskimage or a cloud-image, not both")
 				}
 				if !listed[pl.Diskimage] {
-					d.fail(lpath+".diskimage", lat, "diskimage %q is not in this provider's diskimages; add it there to have it uploaded", pl.Diskimage)
+					v.fail(lpath+".diskimage", lat, "diskimage %q is not in this provider's diskimages; add it there to have it uploaded", pl.Diskimage)
 				}
 			}
 		}
@@ -329,6 +381,17 @@ func (c *Config) ImageProviders(image string) []*Provider {
 		}
 	}
 	return out
+}
+
+// LoggedEnv is Env with the values of the secure file's variables hidden.
+func (c *Config) LoggedEnv(di *Diskimage) []string {
+	env := c.Env(di)
+	for i, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); di.SecretEnv(k) {
+			env[i] = k + "=<from the secure file>"
+		}
+	}
+	return env
 }
 
 // Env is the environment of the image's build command besides the

@@ -16,7 +16,7 @@ diskimages:
     elements: [vm, simple-init]
     release: 12
     env-vars:
-      DIB_CHECKSUM: 1
+      DIB_CHECKSUM: '1'
       TMPDIR: /opt/dib_tmp
     rebuild-age: 3600
     username: admin
@@ -141,7 +141,7 @@ func TestDiskimageErrors(t *testing.T) {
 		to   string
 		want string
 	}{
-		{"dotted name", "  - name: debian-big\n", "  - name: debian.big\n", `diskimages[2].name: diskimage name "debian.big" is not valid; expected 1 to 64 of A-Z a-z 0-9 _ - (no dots`},
+		{"bad name", "  - name: debian-big\n", "  - name: debian/big\n", `diskimages[2].name: diskimage name "debian/big" is not valid; expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots`},
 		{"unknown parent", "parent: debian\n", "parent: ubuntu\n", `diskimages[2].parent: parent "ubuntu" is not defined`},
 		{"loop", "    abstract: true\n", "    abstract: true\n    parent: debian-big\n", "inheritance loop: base -> debian-big -> debian -> base"},
 		{"unknown format", "formats: [raw]", "formats: [iso]", `diskimages[1].formats[0]: unknown format "iso"; expected one of: qcow2, raw`},
@@ -149,7 +149,7 @@ func TestDiskimageErrors(t *testing.T) {
 		{"quoted dib-cmd", "dib-cmd: /usr/local/bin/dib --no-tmpfs", `dib-cmd: "/usr/local/bin/dib 'a b'"`, "dib-cmd: quoting is not supported"},
 		{"env-vars not a mapping", "    env-vars:\n      TMPDIR: /var/tmp\n", "    env-vars: [TMPDIR]\n", "diskimages[1].env-vars: expected a mapping, got a list"},
 		{"bad rebuild-age", "rebuild-age: 3600", "rebuild-age: daily", "diskimages[0].rebuild-age: expected a duration"},
-		{"unknown diskimage key", "    pause: true\n    dib-cmd", "    paused: true\n    dib-cmd", "diskimages[2].paused: unknown key; expected one of: abstract, build-timeout, dib-cmd, elements, env-vars, formats, name, parent, pause, python-path, rebuild-age, release, shell-type, username"},
+		{"unknown diskimage key", "    pause: true\n    dib-cmd", "    paused: true\n    dib-cmd", "diskimages[2].paused: unknown key; expected one of: abstract, build-timeout, delete-after-upload, dib-cmd, elements, env-vars, formats, keep-formats, metadata, name, parent, pause, python-path, rebuild-age, release, shell-type, username"},
 		{"provider lists unknown image", "      - name: debian-big\n        pause: true\n", "      - name: centos\n", `providers[0].diskimages[1]: diskimage "centos" is not defined`},
 		{"provider lists abstract image", "    diskimages: [debian]\n", "    diskimages: [base]\n", `providers[1].diskimages[0]: diskimage "base" is abstract`},
 		{"label image not in provider", "    diskimages: [debian]\n", "    diskimages: [debian-big]\n", `providers[1].pools[0].labels[0].diskimage: diskimage "debian" is not in this provider's diskimages`},

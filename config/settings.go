@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -24,17 +25,22 @@ const EnvPrefix = "NODEPOOL"
 // run, who this process is. They come from NODEPOOL_* environment variables
 // (see the README) and may be overridden by flags of `nodepool run`.
 type Settings struct {
-	NatsURL      string        `envconfig:"NATS_URL" desc:"NATS server URL(s), comma separated; empty starts an embedded server"`
-	NatsCreds    string        `envconfig:"NATS_CREDS" desc:"credentials file for an external NATS server"`
-	NatsTLSCA    string        `envconfig:"NATS_TLS_CA" desc:"CA certificate for an external NATS server"`
-	NatsTLSCert  string        `envconfig:"NATS_TLS_CERT" desc:"client certificate for an external NATS server"`
-	NatsTLSKey   string        `envconfig:"NATS_TLS_KEY" desc:"client key for an external NATS server"`
-	NatsListen   string        `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222" desc:"address of the embedded NATS server"`
-	Config       string        `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
-	DataDir      string        `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
-	Roles        []string      `envconfig:"ROLES" default:"launcher,builder" desc:"worker groups to run: launcher, builder"`
-	ID           string        `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
-	HTTPAddr     string        `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
+	NatsURL     string   `envconfig:"NATS_URL" desc:"NATS server URL(s), comma separated; empty starts an embedded server"`
+	NatsCreds   string   `envconfig:"NATS_CREDS" desc:"credentials file for an external NATS server"`
+	NatsTLSCA   string   `envconfig:"NATS_TLS_CA" desc:"CA certificate for an external NATS server"`
+	NatsTLSCert string   `envconfig:"NATS_TLS_CERT" desc:"client certificate for an external NATS server"`
+	NatsTLSKey  string   `envconfig:"NATS_TLS_KEY" desc:"client key for an external NATS server"`
+	NatsListen  string   `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222" desc:"address of the embedded NATS server"`
+	Config      string   `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
+	Secure      string   `envconfig:"SECURE" desc:"path of the secure file merged over nodepool.yaml (diskimage env-vars); empty: none"`
+	DataDir     string   `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
+	Roles       []string `envconfig:"ROLES" default:"launcher,builder" desc:"worker groups to run: launcher, builder"`
+	ID          string   `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
+	HTTPAddr    string   `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
+	// HTTPAddrSet tells whether NODEPOOL_HTTP_ADDR (or --http-addr) was
+	// given; if not, nodepool.yaml's webapp section may set the address.
+	HTTPAddrSet  bool          `ignored:"true"`
+	PprofAddr    string        `envconfig:"PPROF_ADDR" desc:"address of Go's profiling endpoints (/debug/pprof/); empty (the default) turns them off"`
 	Replicas     int           `envconfig:"REPLICAS" default:"1" desc:"replicas for streams and buckets: 1, 3 or 5"`
 	LeaseTTL     time.Duration `envconfig:"LEASE_TTL" default:"10s" desc:"how long a lease or heartbeat lives without renewal"`
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
@@ -53,8 +59,23 @@ func LoadSettings() (Settings, error) {
 	if err := envconfig.Process(EnvPrefix, &s); err != nil {
 		return s, fmt.Errorf("reading %s_* settings: %w", EnvPrefix, err)
 	}
+	_, s.HTTPAddrSet = os.LookupEnv(EnvPrefix + "_HTTP_ADDR")
 	return s, nil
 }
+
+// StatusAddr is where the status API listens: NODEPOOL_HTTP_ADDR when it
+// is given (empty: nowhere); otherwise nodepool.yaml's webapp section, as
+// in Nodepool; otherwise the default, 127.0.0.1:8005.
+func (s *Settings) StatusAddr(cfg *Config) string {
+	if !s.HTTPAddrSet && cfg != nil && cfg.Webapp != nil {
+		return cfg.Webapp.Addr()
+	}
+	return s.HTTPAddr
+}
+
+// LoadConfig loads the configuration the settings name: NODEPOOL_CONFIG
+// with NODEPOOL_SECURE merged over it.
+func (s *Settings) LoadConfig() (*Config, error) { return LoadFiles(s.Config, s.Secure) }
 
 // idRE is what a process id may hold: it becomes a KV key.
 var idRE = regexp.MustCompile(`^[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,127}$`)
@@ -118,3 +139,27 @@ func (s *Settings) HasRole(role string) bool { return slices.Contains(s.Roles, r
 
 // Embedded reports whether the process starts its own NATS server.
 func (s *Settings) Embedded() bool { return s.NatsURL == "" }
+
+// RedactURLs returns a comma-separated list of NATS URLs with the secret
+// of each replaced by "xxxxx", for logs and error messages: a URL may carry
+// a user and password (nats://user:password@host:4222) or a token
+// (nats://token@host:4222).
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err == nil && u.User == nil:
+		case err == nil:
+			if _, ok := u.User.Password(); ok {
+				parts[i] = u.Redacted()
+			} else {
+				u.User = url.User("xxxxx")
+				parts[i] = u.String()
+			}
+		case strings.Contains(p, "@"):
+			parts[i] = "(a URL that does not parse)"
+		}
+	}
+	return strings.Join(parts, ",")
+}

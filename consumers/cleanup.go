@@ -19,6 +19,9 @@ import (
 //
 //   - nodes being launched or deleted by a launcher whose heartbeat expired
 //     are handed back (launcher cleared), so the lifecycle group resumes them;
+//   - nodes that need the lifecycle group's work and that nobody took up
+//     for two sweeps in a row are written again, unchanged, so the group
+//     sees them afresh (revisit);
 //   - instances tagged as ours without a node record (or not the instance
 //     their node records) are deleted on their second sighting;
 //   - requests pending in a pool that no live launcher serves go back to
@@ -33,6 +36,17 @@ type cleanup struct {
 	// orphanPools counts sweeps that found pending requests of a pool that
 	// no live launcher serves.
 	orphanPools map[string]int
+	// unowned counts the sweeps in a row that saw a node at one revision
+	// needing work that nobody does.
+	unowned map[string]sighting
+}
+
+// sighting is a record seen at a revision in n sweeps in a row, the first
+// time at first.
+type sighting struct {
+	rev   uint64
+	n     int
+	first time.Time
 }
 
 func newCleanup(l *Launcher) *cleanup { return &cleanup{l: l} }
@@ -43,6 +57,7 @@ func (c *cleanup) run(ctx context.Context) {
 	}
 	c.suspects = map[string]int{}
 	c.orphanPools = map[string]int{}
+	c.unowned = map[string]sighting{}
 	c.lastPurge = time.Now()
 	compSub := c.l.components.Subscribe()
 	defer c.l.components.Unsubscribe(compSub)
@@ -68,10 +83,19 @@ func (c *cleanup) run(ctx context.Context) {
 		case <-tick.C:
 		}
 		c.handBack(ctx)
+		c.revisit(ctx)
 		c.expire(ctx)
 		c.requests(ctx)
 		for name, drv := range c.l.opts.Providers {
 			c.leaks(ctx, &wg, name, drv)
+			if in, ok := drivers.As[drivers.Interrupter](drv); ok {
+				c.interruptions(ctx, name, in)
+			}
+			if sw, ok := drivers.As[drivers.Sweeper](drv); ok {
+				if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
+					c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
+				}
+			}
 		}
 		if time.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)
@@ -105,6 +129,59 @@ func (c *cleanup) handBack(ctx context.Context) {
 		})
 		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 			l.log.Warn("could not hand back node", "node", id, "err", err)
+		}
+	}
+}
+
+// unowned reports whether a node needs the lifecycle group's work and has
+// no launcher on it: used, failed or aborted (to be deleted), or being
+// launched or deleted with no launcher named.
+func unowned(n *kv.Node) bool {
+	switch n.State {
+	case kv.NodeUsed, kv.NodeFailed, kv.NodeAborted:
+		return true
+	case kv.NodeBuilding, kv.NodeDeleting:
+		return n.Launcher == ""
+	}
+	return false
+}
+
+// revisit writes again, unchanged, the nodes that needed the lifecycle
+// group's work at the same revision in two sweeps in a row and for at
+// least a lease TTL (the time a dead owner takes to be noticed): their change
+// was acknowledged without the work being taken up (a process killed in
+// between), or dropped past the consumer's delivery bound. The write is a
+// new change, which the group takes up like any other.
+func (c *cleanup) revisit(ctx context.Context) {
+	l := c.l
+	var due []kv.Entry[kv.Node]
+	seen := map[string]bool{}
+	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if !unowned(&e.Value) {
+			return true
+		}
+		seen[e.Key] = true
+		s := c.unowned[e.Key]
+		if s.rev != e.Revision {
+			s = sighting{rev: e.Revision, first: time.Now()}
+		}
+		s.n++
+		c.unowned[e.Key] = s
+		if s.n >= 2 && time.Since(s.first) >= l.opts.LeaseTTL {
+			due = append(due, *e)
+		}
+		return true
+	})
+	for id := range c.unowned {
+		if !seen[id] {
+			delete(c.unowned, id)
+		}
+	}
+	for _, e := range due {
+		l.log.Info("node needs work nobody took up; writing it again", "node", e.Key, "state", e.Value.State, "launcher", e.Value.Launcher)
+		n := e.Value
+		if _, err := l.nodes.Update(ctx, e.Key, &n, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && ctx.Err() == nil {
+			l.log.Warn("could not write node again", "node", e.Key, "err", err)
 		}
 	}
 }
@@ -331,6 +408,54 @@ func (c *cleanup) purge(ctx context.Context) {
 	for _, b := range []jetstream.KeyValue{c.l.b.Nodes.Bucket(), c.l.b.Requests.Bucket()} {
 		if err := b.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(30*time.Minute)); err != nil && ctx.Err() == nil {
 			c.l.log.Debug("could not purge delete markers", "bucket", b.Bucket(), "err", err)
+		}
+	}
+}
+
+// interruptions acts on the instances a provider's cloud is taking back:
+// a ready node that nobody took is deleted (a pending request it was
+// planned for gets another one), a node in use, held, or waiting for its
+// requestor to take it gets the reason in its `reason`.
+func (c *cleanup) interruptions(ctx context.Context, provider string, drv drivers.Interrupter) {
+	l := c.l
+	list, err := drv.Interruptions(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("could not read the cloud's interruptions", "provider", provider, "err", err)
+		}
+		return
+	}
+	for _, in := range list {
+		e, ok := l.nodes.Get(in.NodeID)
+		if !ok || e.Value.Provider != provider || e.Value.ExternalID != in.ExternalID {
+			continue
+		}
+		_, err := l.nodes.Modify(ctx, in.NodeID, func(n *kv.Node) error {
+			if n.ExternalID != in.ExternalID {
+				return kv.ErrSkip
+			}
+			replace := n.State == kv.NodeReady && n.AllocatedTo == ""
+			if n.State == kv.NodeReady && n.AllocatedTo != "" {
+				r, ok := l.requests.Get(n.AllocatedTo)
+				replace = !ok || r.Value.State == kv.RequestPending
+			}
+			switch {
+			case replace:
+				l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", in.Reason)
+				n.SetState(kv.NodeDeleting, time.Now().UTC())
+				n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", in.Reason
+			case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != in.Reason:
+				l.log.Info("the cloud takes back the instance of a node in use", "node", n.ID, "external_id", n.ExternalID, "state", n.State, "why", in.Reason)
+				n.Reason = in.Reason
+			default:
+				return kv.ErrSkip
+			}
+			return nil
+		})
+		if err == nil {
+			l.metrics.Interruptions.Add(1)
+		} else if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not act on an interruption", "node", in.NodeID, "err", err)
 		}
 	}
 }

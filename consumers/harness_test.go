@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/client"
@@ -42,6 +43,9 @@ type harness struct {
 	requests   *kv.Cache[kv.Request]
 	components *kv.Cache[kv.Component]
 	instances  map[string]*kv.Cache[fake.InstanceRecord] // by cloud
+
+	// wrap, if set, wraps each driver of the launchers started from now.
+	wrap func(provider string, p drivers.Provider) drivers.Provider
 }
 
 func testLog(t testing.TB) *slog.Logger {
@@ -135,11 +139,31 @@ func (h *harness) startLauncher(id string) *launcher {
 // startLauncherWith runs a launcher with a configuration of its own.
 func (h *harness) startLauncherWith(id string, cfg *config.Config) *launcher {
 	h.t.Helper()
-	_, js := h.srv.Connect(h.t)
+	return h.startLauncherVia(id, cfg, h.srv.ClientURL())
+}
+
+// startLauncherVia runs a launcher whose connection goes to url (a proxy,
+// say).
+func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *launcher {
+	h.t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		h.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	providers, err := service.NewProviders(ctx, js, cfg, 1, testLog(h.t))
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if h.wrap != nil {
+		for name, p := range providers {
+			providers[name] = h.wrap(name, p)
+		}
 	}
 	b, err := kv.Open(ctx, js)
 	if err != nil {

@@ -2,6 +2,7 @@ package consumers
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 
 	"github.com/nodepool-nats/nodepool/config"
@@ -60,6 +61,29 @@ func (ix *imageIndex) newest(image, provider string) (kv.ImageUpload, bool) {
 	return kv.NewestReadyUpload(uploads, image, provider)
 }
 
+// upload returns the ready upload of an image to a provider whose cloud
+// image is externalID, or else the newest one.
+func (ix *imageIndex) upload(image, provider, externalID string) (kv.ImageUpload, bool) {
+	if ix == nil {
+		return kv.ImageUpload{}, false
+	}
+	var found *kv.ImageUpload
+	if externalID != "" {
+		ix.uploads.Range(func(e *kv.Entry[kv.ImageUpload]) bool {
+			u := e.Value
+			if u.Image == image && u.Provider == provider && u.ExternalID == externalID {
+				found = &u
+				return false
+			}
+			return true
+		})
+	}
+	if found != nil {
+		return *found, true
+	}
+	return ix.newest(image, provider)
+}
+
 // imageWatch signals changes of the uploads (nil-safe).
 type imageWatch struct {
 	ix  *imageIndex
@@ -112,6 +136,12 @@ func (s *scheduler) imagesReady(r *kv.Request) bool {
 // node's provider is the image to boot.
 func (l *Launcher) createRequest(n *kv.Node) drivers.CreateRequest {
 	req := createRequest(n)
+	if e, ok := l.requests.Get(n.AllocatedTo); ok && n.AllocatedTo != "" {
+		r := &e.Value
+		req.Request = &drivers.RequestInfo{ID: r.ID, Labels: r.Labels, Requestor: r.Requestor,
+			RequestorData: requestorData(r.RequestorData), RelativePriority: r.RelativePriority,
+			EventID: r.EventID, Created: r.Created, Tenant: r.Tenant}
+	}
 	prov, ok := l.opts.Config.Provider(n.Provider)
 	if !ok {
 		return req
@@ -126,4 +156,23 @@ func (l *Launcher) createRequest(n *kv.Node) drivers.CreateRequest {
 		}
 	}
 	return req
+}
+
+// requestorData reads a request's requestor_data as strings (non-string
+// values in their JSON form); anything but a JSON object gives nothing.
+func requestorData(raw json.RawMessage) map[string]string {
+	var m map[string]any
+	if len(raw) == 0 || json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		if s, ok := v.(string); ok {
+			out[k] = s
+			continue
+		}
+		data, _ := json.Marshal(v)
+		out[k] = string(data)
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package consumers_test
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 const withDiskimage = `
 diskimages:
   - name: debian
+    username: debian-config
 labels:
   - name: debian
   - name: ubuntu
@@ -20,9 +22,12 @@ providers:
   - name: cloud1
     driver: fake
     boot-delay: 0.05
-    diskimages: [debian]
+    diskimages:
+      - name: debian
+        connection-type: winrm
     pools:
       - name: main
+        node-attributes: {executor-zone: east, gpu: 1}
         labels:
           - {name: debian, diskimage: debian}
           - {name: ubuntu, cloud-image: ubuntu-noble}
@@ -30,7 +35,10 @@ providers:
 
 // A request for a label that boots from a diskimage waits, neither declined
 // nor failed, until an upload of the image to the provider is ready; the
-// node then boots from the newest ready upload.
+// node then boots from the newest ready upload, and its record says how to
+// reach it as the upload's build was made (username, python-path,
+// shell-type) and as the provider's entry for the image says (connection
+// type and port); the pool's node-attributes are its attributes.
 func TestLaunchWaitsForImage(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withDiskimage)
@@ -59,7 +67,8 @@ func TestLaunchWaitsForImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		u := kv.ImageUpload{Image: "debian", BuildID: build, Provider: "cloud1", ID: kv.ImageSeqID(uint64(i + 1)),
-			State: kv.ImageReady, StateTime: time.Now().UTC(), ExternalID: id, Format: "qcow2"}
+			State: kv.ImageReady, StateTime: time.Now().UTC(), ExternalID: id, Format: "qcow2",
+			Username: "debian-" + build, PythonPath: "/usr/bin/python3", ShellType: "csh"}
 		if _, err := images.Uploads.Create(t.Context(), u.Key(), &u); err != nil {
 			t.Fatal(err)
 		}
@@ -76,13 +85,27 @@ func TestLaunchWaitsForImage(t *testing.T) {
 	if n.ImageID != newest {
 		t.Errorf("node booted from %q, want the newest upload %q", n.ImageID, newest)
 	}
+	if n.Username != "debian-0000000002" || n.PythonPath != "/usr/bin/python3" || n.ShellType != "csh" ||
+		n.ConnectionType != "winrm" || n.ConnectionPort != 5986 {
+		t.Errorf("diskimage node access: username %q python_path %q shell_type %q connection %s:%d",
+			n.Username, n.PythonPath, n.ShellType, n.ConnectionType, n.ConnectionPort)
+	}
+	if want := map[string]string{"executor-zone": "east", "gpu": "1"}; !maps.Equal(n.Attributes, want) {
+		t.Errorf("attributes = %v, want %v", n.Attributes, want)
+	}
 	inst, ok := h.instances["cloud1"].Get(n.ExternalID)
 	if !ok || inst.Value.Image != newest {
 		t.Errorf("instance image = %q", inst.Value.Image)
 	}
 	// The label without a diskimage boots its cloud image as before.
 	o, _ := h.request(other)
-	if on, _ := h.node(o.Nodes[0]); on.ImageID != "ubuntu-noble" {
+	on, _ := h.node(o.Nodes[0])
+	if on.ImageID != "ubuntu-noble" {
 		t.Errorf("cloud-image node booted from %q", on.ImageID)
+	}
+	// Nothing says otherwise: Nodepool's defaults.
+	if on.Username != "zuul" || on.PythonPath != "auto" || on.ShellType != "sh" || on.ConnectionType != "ssh" || on.ConnectionPort != 22 ||
+		on.Attributes["executor-zone"] != "east" {
+		t.Errorf("cloud-image node access: %+v", on)
 	}
 }

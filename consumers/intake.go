@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
@@ -43,13 +45,6 @@ const (
 	pullExpiry    = 5 * time.Second
 	pullHeartbeat = time.Second
 )
-
-// ackWait is how long a message delivered to a process of a worker group
-// waits for its acknowledgement before it goes to another. A message that
-// was on its way when the consumer's server went away is delivered again
-// only then; the handlers are quick (a launch or delete runs on after its
-// claim is acknowledged), so this is short.
-const ackWait = 10 * time.Second
 
 func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
 	wp := &workerPool{queues: make([]chan jetstream.Msg, n)}
@@ -96,7 +91,9 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 			Description:   "records node requests",
 			FilterSubject: events.NewRequestSubject,
 			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWait,
+			AckWait:       ackWaitBackoff[0],
+			BackOff:       ackWaitBackoff,
+			MaxDeliver:    intakeMaxDeliver,
 			MaxAckPending: 10000,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
@@ -109,7 +106,12 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 
 // handleRequestMessage records one request message. Whatever the message
 // holds, a record results (failed, with a reason, if the message is not a
-// valid request); the message is acknowledged once the record exists.
+// valid request); the message is acknowledged once the record exists. A
+// record that cannot be written is tried again with a growing delay; a
+// record too big for the server is written without its requestor_data,
+// failed, saying so; and on the last delivery the consumer allows, a
+// record that still cannot be written is written failed, with the reason
+// and without requestor_data. A handler that panics does the same.
 func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
@@ -117,18 +119,25 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 		_ = msg.Term()
 		return
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			l.log.Error("recording a request panicked; recording it failed", "seq", meta.Sequence.Stream, "panic", p, "stack", string(debug.Stack()))
+			l.recordUnhandled(ctx, msg, meta, panicReason(p))
+		}
+	}()
 	rec := l.requestRecord(msg.Data(), meta)
-	// A message delivered again may have made its record already, and the
-	// requestor may have deleted it since: then only a key that never
-	// existed may be created. An id the stream assigned is unique, so its
-	// key is never created twice either. A client may reuse its own id
-	// after deleting a request, which the first delivery of a new message
-	// allows.
-	create := l.requests.Create
-	if meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
-		create = l.createNewRequest
+	err = l.recordRequest(ctx, rec, meta)
+	if errors.Is(err, nats.ErrMaxPayload) {
+		size := len(rec.RequestorData)
+		rec.RequestorData = json.RawMessage("{}")
+		if rec.State != kv.RequestFailed {
+			rec.State = kv.RequestFailed
+			rec.Reason = fmt.Sprintf("the request's record is bigger than the NATS server's max payload (%d bytes) with its requestor_data of %d bytes; recorded without requestor_data", l.maxPayload(), size)
+		} else {
+			rec.Reason += fmt.Sprintf("; requestor_data (%d bytes) left out: the record would be bigger than the NATS server's max payload", size)
+		}
+		err = l.recordRequest(ctx, rec, meta)
 	}
-	_, err = create(ctx, rec.ID, rec)
 	switch {
 	case err == nil:
 		l.metrics.RequestsReceived.Add(1)
@@ -140,14 +149,84 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 		// Delivered again after a crash, or a resubmission of an id
 		// already recorded: either way there is nothing to do.
 		l.log.Debug("request already recorded", "request", rec.ID, "seq", meta.Sequence.Stream)
+	case meta.NumDelivered >= intakeMaxDeliver:
+		l.log.Error("could not record request; this was its last delivery", "request", rec.ID, "deliveries", meta.NumDelivered, "err", err)
+		l.recordUnhandled(ctx, msg, meta, fmt.Sprintf("could not be recorded in %d deliveries: %v", meta.NumDelivered, err))
+		return
 	default:
-		l.log.Warn("could not record request; it will be delivered again", "request", rec.ID, "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		delay := intakeDelay(meta.NumDelivered)
+		l.log.Warn("could not record request; it will be delivered again", "request", rec.ID, "in", delay, "err", err)
+		_ = msg.NakWithDelay(delay)
 		return
 	}
 	if err := msg.Ack(); err != nil {
 		l.log.Debug("ack failed; the message will be delivered again", "err", err)
 	}
+}
+
+// recordRequest writes the record of a request message. A message
+// delivered again may have made its record already, and the requestor may
+// have deleted it since: then only a key that never existed may be
+// created. An id the stream assigned is unique, so its key is never
+// created twice either. A client may reuse its own id after deleting a
+// request, which the first delivery of a new message allows.
+func (l *Launcher) recordRequest(ctx context.Context, rec *kv.Request, meta *jetstream.MsgMetadata) error {
+	create := l.requests.Create
+	if meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
+		create = l.createNewRequest
+	}
+	_, err := create(ctx, rec.ID, rec)
+	return err
+}
+
+// recordUnhandled records, as failed with the reason and without its
+// requestor_data, a request message that could not be handled, and
+// acknowledges the message; if even that cannot be written, the message
+// is terminated (never delivered again) with the reason in the log.
+func (l *Launcher) recordUnhandled(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string) {
+	rec := l.minimalRecord(msg.Data(), meta)
+	rec.State, rec.Reason = kv.RequestFailed, reason
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := l.recordRequest(wctx, rec, meta)
+	if err == nil || errors.Is(err, kv.ErrExists) {
+		if err == nil {
+			l.metrics.RequestsFailed.Add(1)
+		}
+		_ = msg.Ack()
+		return
+	}
+	l.log.Error("request message dropped: not even its failure could be recorded", "request", rec.ID, "seq", meta.Sequence.Stream, "reason", reason, "err", err)
+	_ = msg.TermWithReason(reason)
+}
+
+// minimalRecord is the record of a message with as little of the message
+// as can be trusted: its id if it has a valid one, its labels if valid,
+// its requestor; no requestor_data.
+func (l *Launcher) minimalRecord(data []byte, meta *jetstream.MsgMetadata) (rec *kv.Request) {
+	now := time.Now().UTC()
+	rec = &kv.Request{ID: events.RequestID(meta.Sequence.Stream), State: kv.RequestFailed, Labels: []string{}, Nodes: []string{},
+		DeclinedBy: []string{}, RequestorData: json.RawMessage("{}"), Priority: events.DefaultPriority,
+		Created: meta.Timestamp.UTC(), StateTime: now}
+	defer func() {
+		_ = recover() // a message that cannot even be read keeps the stream's id
+	}()
+	m, err := events.ParseRequest(data)
+	if m.ID != "" && events.ValidID(m.ID) {
+		rec.ID = m.ID
+	}
+	if err == nil {
+		rec.Labels, rec.Requestor, rec.Tenant = m.Labels, m.Requestor, m.Tenant
+	}
+	return rec
+}
+
+// maxPayload is the largest message the NATS server takes.
+func (l *Launcher) maxPayload() int64 {
+	if nc := l.js.Conn(); nc != nil {
+		return nc.MaxPayload()
+	}
+	return 0
 }
 
 func (l *Launcher) createNewRequest(ctx context.Context, id string, r *kv.Request) (kv.Entry[kv.Request], error) {

@@ -9,9 +9,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,6 +74,16 @@ type Launcher struct {
 	// limiters pace each provider's API calls; every live launcher takes
 	// an equal share of the provider's rate.
 	limiters map[string]*rate.Limiter
+
+	// born is when the launcher was made; lastBeat is when (since born)
+	// the last successful heartbeat was sent (fence.go).
+	born     time.Time
+	lastBeat atomic.Int64
+	// fencedOff is set while the process is fenced and its machines
+	// stopped.
+	fencedOff atomic.Bool
+	// running is true while every worker group of this launcher is up.
+	running atomic.Bool
 }
 
 // NewLauncher prepares a launcher; Run starts it.
@@ -104,7 +116,11 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
 			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
 			limiters[name] = lim
-			providers[name] = drivers.RateLimited(p, lim)
+			if paced, ok := drivers.As[drivers.Paced](p); ok {
+				paced.Pace(lim)
+			} else {
+				providers[name] = drivers.RateLimited(p, lim)
+			}
 		}
 	}
 	opts.Providers = providers
@@ -121,7 +137,9 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
 		limiters:   limiters,
+		born:       time.Now(),
 	}
+	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
 	return l, nil
 }
@@ -134,6 +152,13 @@ func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
 
 // Requests is the launcher's view of the requests bucket.
 func (l *Launcher) Requests() *kv.Cache[kv.Request] { return l.requests }
+
+// Components is the launcher's view of the live components.
+func (l *Launcher) Components() *kv.Cache[kv.Component] { return l.components }
+
+// Running reports whether the launcher has started every worker group and
+// is not stopping (readiness).
+func (l *Launcher) Running() bool { return l.running.Load() }
 
 // Run runs the launcher's worker groups until ctx ends, then shuts down:
 // consumers stop taking messages, launches in flight stop after their
@@ -169,6 +194,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
+	wg.Go(func() { l.watchFence(ctx) })
 	if len(l.limiters) > 0 {
 		wg.Go(func() { l.shareRates(ctx) })
 	}
@@ -183,31 +209,36 @@ func (l *Launcher) Run(ctx context.Context) error {
 		return err
 	}
 	l.lifecycle.resumeOwn(ctx)
+	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
 
 	for i := range l.opts.Config.Providers {
 		prov := &l.opts.Config.Providers[i]
 		for j := range prov.Pools {
 			pool := &prov.Pools[j]
 			s := newScheduler(l, prov, pool)
-			lease := kv.NewLease(l.b.Locks, "pool."+prov.Name+"."+pool.Name, l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() { lease.Elect(ctx, s.run) })
+			lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log)
+			wg.Go(func() { lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run)) })
 		}
 	}
 	for name, drv := range l.opts.Providers {
 		if m, ok := drivers.As[drivers.Manager](drv); ok {
-			lease := kv.NewLease(l.b.Locks, "provider."+name, l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() { lease.Elect(ctx, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }) })
+			lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log)
+			wg.Go(func() {
+				lease.Elect(ctx, safeLoop(l, "manager of "+name, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }))
+			})
 		}
 	}
 	mr := newMinReady(l)
 	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
-	wg.Go(func() { mrLease.Elect(ctx, mr.run) })
+	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
 	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
-	wg.Go(func() { clLease.Elect(ctx, cl.run) })
+	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", cl.run)) })
 
 	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	l.running.Store(true)
 	<-ctx.Done()
+	l.running.Store(false)
 	l.log.Info("launcher stopping")
 
 	// Stop taking new messages; what was taken and not acknowledged is
@@ -252,6 +283,7 @@ func (l *Launcher) component() *kv.Component {
 
 // heartbeat writes the component record (creating it if it expired).
 func (l *Launcher) heartbeat(ctx context.Context) error {
+	sent := l.clock()
 	c := l.component()
 	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
 		started := cur.Started
@@ -264,6 +296,7 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	l.beaten(sent)
 	l.components.Apply(e)
 	return nil
 }
@@ -279,27 +312,6 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 		select {
 		case l.beat <- struct{}{}:
 		default:
-		}
-	}
-}
-
-func (l *Launcher) keepHeartbeat(ctx context.Context) {
-	t := time.NewTicker(l.opts.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-l.beat:
-			if err := l.heartbeat(ctx); err != nil && ctx.Err() == nil {
-				l.log.Warn("heartbeat failed", "err", err)
-			}
-		case <-t.C:
-			hctx, cancel := context.WithTimeout(ctx, l.opts.LeaseTTL/3)
-			if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
-				l.log.Warn("heartbeat failed", "err", err)
-			}
-			cancel()
 		}
 	}
 }

@@ -29,11 +29,17 @@ var errLost = errors.New("node no longer owned by this launcher")
 // message is acknowledged once the claim is committed. The claim lives as
 // long as this process's heartbeat: when it stops, cleanup hands the node to
 // another process, which resumes the machine from the node's driver_data.
+//
+// A change that takes a node from a machine running here (an operator's
+// delete, a hand-over) stops that machine and is acknowledged only once
+// the node's next owner is recorded; a process that cannot renew its
+// heartbeat in time stops every machine and claims nothing (fencing, see
+// fence.go).
 type lifecycle struct {
 	l *Launcher
 
 	mu       sync.Mutex
-	runs     map[string]context.CancelFunc
+	runs     map[string]*run
 	wg       sync.WaitGroup
 	ctx      context.Context
 	stopRuns context.CancelFunc
@@ -45,13 +51,30 @@ type lifecycle struct {
 	// once instead of waiting for the message to come back.
 	wantedMu sync.Mutex
 	wanted   map[string][]string
+
+	// panicked holds nodes whose machine panicked here, and when
+	// (recover.go); guarded by mu.
+	panicked map[string]time.Time
 }
+
+// run is a machine running for a node.
+type run struct {
+	state  kv.NodeState // the state the machine drives the node from
+	cancel context.CancelFunc
+	// done is closed once the machine returned and the node was looked
+	// at again.
+	done chan struct{}
+}
+
+// machineStopWait is how long a handler waits for a machine it stopped
+// before letting the change come back later.
+const machineStopWait = 5 * time.Second
 
 // maxWanted bounds the list of launches passed over.
 const maxWanted = 10000
 
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]context.CancelFunc{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
 	for _, p := range l.opts.Config.Providers {
 		if p.MaxConcurrency > 0 {
 			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
@@ -69,7 +92,9 @@ func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 			Description:   "node lifecycle: launches and deletes",
 			FilterSubject: "$KV." + kv.BucketNodes + ".>",
 			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWait,
+			AckWait:       ackWaitBackoff[0],
+			BackOff:       ackWaitBackoff,
+			MaxDeliver:    lifecycleMaxDeliver,
 			MaxAckPending: 20000,
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		})
@@ -88,6 +113,11 @@ func (lc *lifecycle) stop() {
 }
 
 func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
+	defer func() {
+		if p := recover(); p != nil {
+			lc.handlerPanicked(msg, p)
+		}
+	}()
 	if op := msg.Headers().Get("KV-Operation"); op != "" {
 		lc.ack(msg) // deleted or purged: nothing left to do
 		return
@@ -104,7 +134,12 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		lc.ack(msg)
 		return
 	}
-	switch err := lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}); {
+	err = lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}, "")
+	if err == nil {
+		lc.ack(msg)
+		return
+	}
+	switch {
 	case errors.Is(err, errFull), errors.Is(err, errNotMine):
 		// This process launches as much as max-concurrency allows, or
 		// does not have the node's provider: let another process take it
@@ -112,21 +147,16 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		if n.State == kv.NodeBuilding {
 			lc.want(n.Provider, key)
 		}
-		delay := time.Duration(min(meta.NumDelivered, 10)) * 100 * time.Millisecond
-		if err := msg.NakWithDelay(delay); err != nil {
-			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
-		}
-		return
-	case err != nil:
-		// The claim was not written (the process is stopping, or the
-		// server did not answer): let this or another process have the
-		// change again.
-		if err := msg.NakWithDelay(time.Second); err != nil {
-			lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
-		}
-		return
+	default:
+		// The claim was not written (the process is stopping or fenced,
+		// a machine is still stopping, or the server did not answer):
+		// let this or another process have the change again.
 	}
-	lc.ack(msg)
+	// The delivery bound of the consumer ends a change that can never be
+	// handled; cleanup's revisit sweep brings back a node left so.
+	if err := msg.NakWithDelay(redeliveryDelay(meta.NumDelivered)); err != nil {
+		lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
+	}
 }
 
 func (lc *lifecycle) ack(msg jetstream.Msg) {
@@ -141,21 +171,70 @@ var errFull = errors.New("launch slots full")
 // errNotMine: the node needs work from a launcher that has its provider.
 var errNotMine = errors.New("provider not configured here")
 
+// errQuarantined: the node's machine panicked here a moment ago.
+var errQuarantined = errors.New("the node's machine panicked here lately")
+
+// errMachineStopping: a machine that lost its node has not stopped yet.
+var errMachineStopping = errors.New("a machine of this node is still stopping")
+
+// needsWork reports whether a node in this state needs a launcher's work
+// (a create or a delete) that no live process does.
+func (l *Launcher) needsWork(n *kv.Node) bool {
+	switch n.State {
+	case kv.NodeUsed, kv.NodeFailed, kv.NodeAborted:
+		return true
+	case kv.NodeBuilding, kv.NodeDeleting:
+		return n.Launcher == "" || n.Launcher == l.opts.ID || !l.alive(n.Launcher)
+	}
+	return false
+}
+
 // reconcile starts whatever work a node in this state needs from this
 // process. It returns errFull when the node needs a launch and this process
 // has no launch slot free, errNotMine when this process lacks the node's
 // provider, and another error when a claim it should have written was not
-// (the change must be looked at again).
-func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
+// (the change must be looked at again). orphan, if set, is an instance a
+// create machine of this process made for the node, which the record may
+// not name yet: a delete claimed here records it, so it is deleted too.
+func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
+	// Act on the newest record this process has seen: the change may be
+	// older than what the cache already holds.
+	if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
+		e = cur
+	}
 	n := &e.Value
-	if lc.running(e.Key) {
+	me := lc.l.opts.ID
+	if r := lc.running(e.Key); r != nil {
+		if n.State == r.state && n.Launcher == me {
+			return nil // the machine's own write, or nothing it must know
+		}
+		// The node was taken from the machine (an operator deleted it,
+		// cleanup handed it to another process, the launch ended): stop
+		// the machine before anything else happens to the node, so that
+		// the change is acknowledged only once its next owner is recorded.
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(machineStopWait):
+			return errMachineStopping
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
+			e = cur
+		}
+	}
+	if !lc.l.needsWork(n) {
 		return nil
 	}
-	me := lc.l.opts.ID
-	needsWork := n.State == kv.NodeUsed || n.State == kv.NodeFailed ||
-		((n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && (n.Launcher == "" || n.Launcher == me || !lc.l.alive(n.Launcher)))
-	if !needsWork {
-		return nil
+	if (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && n.Launcher != "" && n.Launcher != me && !lc.l.gone(ctx, n.Launcher) {
+		return nil // its launcher lives: the cache was behind
+	}
+	if lc.l.fenced() {
+		return errFenced
+	}
+	if lc.quarantined(e.Key) {
+		return errQuarantined
 	}
 	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
 		// Launchers may run different configurations: leave the node to
@@ -169,11 +248,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 		}
 	}()
 	switch n.State {
-	case kv.NodeBuilding, kv.NodeDeleting:
-		if n.Launcher != "" && n.Launcher != me && !lc.l.gone(ctx, n.Launcher) {
-			return nil
-		}
-		if n.State == kv.NodeBuilding && n.Launcher != me {
+	case kv.NodeBuilding:
+		if n.Launcher != me {
 			// Take a launch slot before claiming, so that a process never
 			// claims more launches than it runs.
 			if !lc.tryAcquire(n.Provider) {
@@ -181,22 +257,23 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node]) error {
 			}
 			slot = true
 		}
-	case kv.NodeUsed, kv.NodeFailed:
-		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok && n.State == kv.NodeUsed {
+	case kv.NodeUsed:
+		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok {
 			return lc.reregister(ctx, e.Key, reg)
 		}
-	default:
-		return nil
 	}
-	state := n.State
+	state, launcher := n.State, n.Launcher
 	claimed, err := lc.l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
-		if cur.State != state || (cur.Launcher != n.Launcher && cur.Launcher != me) {
+		if cur.State != state || (cur.Launcher != launcher && cur.Launcher != me) {
 			return kv.ErrSkip
 		}
 		cur.Launcher = me
-		if cur.State == kv.NodeUsed || cur.State == kv.NodeFailed {
+		if cur.State != kv.NodeBuilding && cur.State != kv.NodeDeleting {
 			cur.SetState(kv.NodeDeleting, time.Now().UTC())
 			cur.DriverData = nil
+		}
+		if orphan != "" && cur.State == kv.NodeDeleting && cur.ExternalID == "" {
+			cur.ExternalID, cur.DriverData = orphan, nil
 		}
 		return nil
 	})
@@ -255,11 +332,11 @@ func (lc *lifecycle) tryAcquire(provider string) bool {
 	}
 }
 
-func (lc *lifecycle) running(id string) bool {
+// running returns the machine running for a node, if any.
+func (lc *lifecycle) running(id string) *run {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	_, ok := lc.runs[id]
-	return ok
+	return lc.runs[id]
 }
 
 // launch starts the machine a claimed node needs, unless one runs already.
@@ -268,15 +345,17 @@ func (lc *lifecycle) running(id string) bool {
 func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil {
+	if _, ok := lc.runs[e.Key]; ok || lc.ctx.Err() != nil || lc.l.fenced() {
 		if slot {
 			lc.release(e.Value.Provider)
 		}
 		return
 	}
 	ctx, cancel := context.WithCancel(lc.ctx)
-	lc.runs[e.Key] = cancel
+	r := &run{state: e.Value.State, cancel: cancel, done: make(chan struct{})}
+	lc.runs[e.Key] = r
 	lc.wg.Go(func() {
+		orphan := ""
 		defer func() {
 			lc.mu.Lock()
 			delete(lc.runs, e.Key)
@@ -284,9 +363,18 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 			cancel()
 			// Changes that arrived while the machine ran were passed
 			// over; look at the node once more (a launch that failed
-			// leaves it failed, to be deleted).
+			// leaves it failed, to be deleted; a node deleted under its
+			// create is claimed here, with the instance the create made).
 			if cur, ok := lc.l.nodes.Get(e.Key); ok && lc.ctx.Err() == nil {
-				lc.reconcile(lc.ctx, cur)
+				if err := lc.reconcile(lc.ctx, cur, orphan); err != nil {
+					lc.l.log.Debug("node left for the change to come back", "node", e.Key, "err", err)
+				}
+			}
+			close(r.done)
+		}()
+		defer func() {
+			if p := recover(); p != nil {
+				lc.machinePanicked(e, p)
 			}
 		}()
 		switch e.Value.State {
@@ -297,7 +385,7 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 				return
 			}
 			defer lc.release(e.Value.Provider)
-			lc.runCreate(ctx, e)
+			orphan = lc.runCreate(ctx, e)
 		case kv.NodeDeleting:
 			lc.runDelete(ctx, e)
 		}
@@ -349,7 +437,7 @@ func (lc *lifecycle) takeWanted(provider string) {
 		if !ok || e.Value.State != kv.NodeBuilding || (e.Value.Launcher != "" && lc.l.alive(e.Value.Launcher)) {
 			continue // gone, or launched by another process meanwhile
 		}
-		if lc.reconcile(lc.ctx, e) == errFull {
+		if lc.reconcile(lc.ctx, e, "") == errFull {
 			lc.wantedMu.Lock()
 			lc.wanted[provider] = append([]string{id}, lc.wanted[provider]...)
 			lc.wantedMu.Unlock()
@@ -369,7 +457,52 @@ func (lc *lifecycle) resumeOwn(ctx context.Context) {
 		return true
 	})
 	for _, e := range own {
-		lc.reconcile(ctx, e)
+		if err := lc.reconcile(ctx, e, ""); err != nil {
+			lc.l.log.Debug("could not resume node; its change or cleanup brings it back", "node", e.Key, "err", err)
+		}
+	}
+}
+
+// watchOwn resumes, every sync interval, the nodes that name this process
+// as their launcher but have no machine running here, once seen so at one
+// revision twice in a row (a follow-up that could not be written, a
+// machine that ended without leaving the node).
+func (lc *lifecycle) watchOwn(ctx context.Context) {
+	stalled := map[string]sighting{}
+	for wait.Sleep(ctx, lc.l.opts.SyncInterval) {
+		if lc.l.fenced() {
+			continue
+		}
+		var due []kv.Entry[kv.Node]
+		seen := map[string]bool{}
+		lc.l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			n := &e.Value
+			if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) || lc.running(e.Key) != nil {
+				return true
+			}
+			seen[e.Key] = true
+			s := stalled[e.Key]
+			if s.rev != e.Revision {
+				s = sighting{rev: e.Revision}
+			}
+			s.n++
+			stalled[e.Key] = s
+			if s.n >= 2 {
+				due = append(due, *e)
+			}
+			return true
+		})
+		for id := range stalled {
+			if !seen[id] {
+				delete(stalled, id)
+			}
+		}
+		for _, e := range due {
+			lc.l.log.Info("resuming a node of this process that had no machine", "node", e.Key, "state", e.Value.State)
+			if err := lc.reconcile(ctx, e, ""); err != nil {
+				lc.l.log.Debug("could not resume node", "node", e.Key, "err", err)
+			}
+		}
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -27,7 +26,9 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 
 // runCreate advances a node's create machine to ready, retrying failed
 // attempts (each failed instance deleted first) up to launch-retries.
-func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
+// Stopped (its context ended, or the node no longer its own), it returns
+// the instance its machine made, which the node may not record yet.
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan string) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
@@ -40,8 +41,13 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
 	if err != nil {
 		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
-		return
+		return ""
 	}
+	defer func() {
+		if ctx.Err() != nil {
+			orphan = sm.ExternalID() // stopped: the instance may be unrecorded
+		}
+	}()
 	// A driver whose creates are idempotent resumes from scratch: its
 	// progress need not be recorded step by step.
 	_, idempotent := drivers.As[drivers.Idempotent](drv)
@@ -51,6 +57,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 	waits := 0
 	for ctx.Err() == nil {
 		var attemptErr error
+		if !lc.mayDrive(id, kv.NodeBuilding) {
+			return sm.ExternalID() // fenced, or the node was taken: no cloud call
+		}
 		step, err := sm.Advance(ctx)
 		switch {
 		case ctx.Err() != nil:
@@ -64,7 +73,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				why := "waiting: " + err.Error()
 				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
 					lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, uerr)
-					return
+					return ""
 				}
 			}
 			if !wait.Sleep(ctx, wait.Backoff(waits)) {
@@ -81,6 +90,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		if attemptErr != nil {
 			l.metrics.LaunchAttemptsFailed.Add(1)
 			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
+			if !lc.mayDrive(id, kv.NodeBuilding) {
+				return sm.ExternalID()
+			}
 			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
 				return
 			}
@@ -93,7 +105,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
 			})
 			if err != nil {
-				return
+				return ""
 			}
 			n = ne.Value
 			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
@@ -106,7 +118,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 		if step.Done {
 			inst := step.Instance
 			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				fillFromInstance(x, inst, prov)
+				l.fillFromInstance(x, inst, prov)
 				x.DriverData = sm.State()
 				x.Attempt = n.Attempt
 				x.Reason = ""
@@ -114,7 +126,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			})
 			if err != nil {
 				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
-				return
+				return ""
 			}
 			l.metrics.NodesLaunched.Add(1)
 			log.Debug("node ready", "external_id", ne.Value.ExternalID)
@@ -127,7 +139,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			})
 			if err != nil {
 				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
-				return
+				return ""
 			}
 			n = ne.Value
 			saved, savedAttempt = st, n.Attempt
@@ -138,32 +150,33 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) {
 			return
 		}
 	}
+	return sm.ExternalID()
 }
 
-// lostDuringCreate runs when a node changed under a running create (deleted
-// by an operator, handed to another launcher): an instance this process
-// created and that nobody else knows is deleted here. Another launcher
-// that took the node over knows it if the node records it, or, with a
+// lostDuringCreate runs when a write of a running create found the node
+// changed (deleted by an operator, handed to another launcher): the
+// instance this process made is deleted here only if nobody else can find
+// it. Whoever has the node now knows it if the record names it, or, for a
 // driver whose creates are idempotent, if the node is still being created
-// on the same attempt: its machine drives this very instance.
+// in the same attempt (its create finds the instance by the attempt's
+// token). Otherwise nobody knows it and this process deletes it.
 func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv drivers.Provider, sm drivers.StateMachine, attempt int, err error) {
 	if !errors.Is(err, errLost) {
 		return // ctx ended; the node stays ours and is resumed or handed over
 	}
 	ext := sm.ExternalID()
-	if ext == "" {
+	if ext == "" || lc.l.fenced() {
 		return
 	}
 	cur, gerr := lc.l.b.Nodes.Get(ctx, id)
 	switch {
-	case errors.Is(gerr, kv.ErrNotFound):
-	case gerr != nil:
-		return // not sure: if it is leaked, the cleanup sweep deletes it
-	case cur.Value.ExternalID == ext:
+	case gerr != nil && !errors.Is(gerr, kv.ErrNotFound):
+		return // cannot tell; cleanup deletes it if it leaked
+	case gerr == nil && cur.Value.ExternalID == ext:
 		return // whoever has the node now knows the instance
-	case cur.Value.State == kv.NodeBuilding && max(cur.Value.Attempt, 1) == max(attempt, 1):
+	case gerr == nil && cur.Value.State == kv.NodeBuilding && cur.Value.Attempt == attempt:
 		if _, idempotent := drivers.As[drivers.Idempotent](drv); idempotent {
-			return
+			return // the new owner's create finds it by the attempt's token
 		}
 	}
 	lc.deleteInstance(ctx, drv, ext, nil)
@@ -207,21 +220,4 @@ func containsID(ids []string, id string) bool {
 		}
 	}
 	return false
-}
-
-func fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *config.Provider) {
-	n.ExternalID = inst.ExternalID
-	if inst.Name != "" {
-		n.Hostname = inst.Name
-	}
-	n.Cloud = prov.Cloud
-	n.Region, n.AZ = inst.Region, inst.AZ
-	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
-	n.Username, n.ConnectionType, n.ConnectionPort = inst.Username, inst.ConnectionType, inst.ConnectionPort
-	if inst.HostKeys != nil {
-		n.HostKeys = inst.HostKeys
-	}
-	if inst.ImageID != "" {
-		n.ImageID = inst.ImageID
-	}
 }

@@ -23,12 +23,17 @@ func (lc *lifecycle) deleteInstance(ctx context.Context, drv drivers.Provider, e
 		lc.l.log.Error("cannot start the delete machine", "external_id", externalID, "err", err)
 		return false
 	}
-	return lc.advanceDelete(ctx, sm, progress)
+	return lc.advanceDelete(ctx, sm, func() bool { return !lc.l.fenced() }, progress)
 }
 
-func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine, progress func(drivers.StateMachine) error) bool {
+// advanceDelete runs a delete machine to completion. may is asked before
+// every step (every cloud call): false stops the machine.
+func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine, may func() bool, progress func(drivers.StateMachine) error) bool {
 	var saved []byte
 	for failures := 0; ctx.Err() == nil; {
+		if !may() {
+			return false
+		}
 		step, err := sm.Advance(ctx)
 		if ctx.Err() != nil {
 			return false
@@ -73,7 +78,8 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 				return
 			}
 		}
-		ok := lc.advanceDelete(ctx, sm, func(sm drivers.StateMachine) error {
+		may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
+		ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
 			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
 			return err
 		})

@@ -3,6 +3,7 @@ package consumers_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ providers:
     pools:
       - name: main
         max-servers: 10
+        node-attributes: {zone: cloud, kind: big}
         labels: [big]
   - name: meta
     driver: metastatic
@@ -37,6 +39,7 @@ providers:
     pools:
       - name: main
         max-servers: 40
+        node-attributes: {kind: small}
         labels:
           - name: small
             backing-label: big
@@ -163,6 +166,12 @@ func TestMetastaticCarvesBackingNodes(t *testing.T) {
 		n, _ := h.node(id)
 		if n.State != kv.NodeInUse || carvedData(&n).BackingNode != backingA {
 			t.Errorf("carved node %s = %s on %q", id, n.State, carvedData(&n).BackingNode)
+		}
+		// The backing node's attributes are the defaults; the pool's win.
+		// How to reach it is the backing node's.
+		if want := map[string]string{"zone": "cloud", "kind": "small"}; !maps.Equal(n.Attributes, want) ||
+			n.Username != "zuul" || n.PythonPath != "auto" || n.ShellType != "sh" {
+			t.Errorf("carved node %s: attributes %v, username %q, python_path %q, shell_type %q", id, n.Attributes, n.Username, n.PythonPath, n.ShellType)
 		}
 	}
 	h.checkCarved()

@@ -16,6 +16,7 @@ type Metrics struct {
 	LaunchesFailed       atomic.Int64
 	CloudWaits           atomic.Int64
 	LeakedDeleted        atomic.Int64
+	Interruptions        atomic.Int64
 	SchedulerPasses      atomic.Int64
 	SchedulerPassNanos   atomic.Int64
 }
@@ -44,6 +45,7 @@ func (m *Metrics) Counters() []Counter {
 		{"nodepool_launches_failed_total", "Launches that failed after their last attempt.", &m.LaunchesFailed},
 		{"nodepool_cloud_waits_total", "Times a cloud asked to wait (quota, capacity, rate).", &m.CloudWaits},
 		{"nodepool_leaked_instances_deleted_total", "Leaked instances deleted.", &m.LeakedDeleted},
+		{"nodepool_interruptions_total", "Nodes whose instance the cloud took back (spot interruptions), replaced or told.", &m.Interruptions},
 		{"nodepool_scheduler_passes_total", "Passes of the pool schedulers led by this process.", &m.SchedulerPasses},
 		{"nodepool_scheduler_pass_seconds_total", "Time spent in scheduler passes, in nanoseconds.", &m.SchedulerPassNanos},
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,25 +24,49 @@ func nodeSize(n *kv.Node) kv.Resources {
 	return r
 }
 
-// orUnlimited turns a zero limit into no limit.
-func orUnlimited(v int) int {
-	if v <= 0 {
+// limit turns a configured limit into one the scheduler counts with:
+// config.Unlimited (the key was not written) is no limit, and a limit
+// below zero is zero (as in Nodepool, where max-servers below 0 disables
+// a pool).
+func limit(v int) int {
+	switch {
+	case v == config.Unlimited:
 		return drivers.Unlimited
+	case v < 0:
+		return 0
 	}
 	return v
 }
 
-// poolLimits are the pool's own limits.
+// poolLimits are the pool's own limits (with an aws pool's max-resources).
 func poolLimits(p *config.Pool) kv.Resources {
-	servers := p.MaxServers
-	if servers == config.Unlimited {
-		servers = drivers.Unlimited
-	}
-	return kv.Resources{Instances: servers, Cores: orUnlimited(p.MaxCores), RAM: orUnlimited(p.MaxRAM)}
+	r := kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
+	r.Other = otherLimits(p.AWSPool.MaxResources)
+	return r
 }
 
+// tenantLimits are a tenant's limits; its other keys (AWS quota codes)
+// limit the resources of that name.
 func tenantLimits(tl config.TenantLimit) kv.Resources {
-	return kv.Resources{Instances: orUnlimited(tl.MaxServers), Cores: orUnlimited(tl.MaxCores), RAM: orUnlimited(tl.MaxRAM)}
+	r := kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM)}
+	r.Other = otherLimits(tl.Resources)
+	return r
+}
+
+// otherLimits are limits of resources other than servers, cores and RAM,
+// by name (keys written max-something are not resource names).
+func otherLimits(m map[string]int) map[string]int {
+	var out map[string]int
+	for k, v := range m {
+		if strings.HasPrefix(k, "max-") {
+			continue
+		}
+		if out == nil {
+			out = map[string]int{}
+		}
+		out[k] = max(v, 0)
+	}
+	return out
 }
 
 // exceeds reports the first dimension in which need is more than limit.
@@ -52,6 +78,12 @@ func exceeds(need, limit kv.Resources) (string, bool) {
 		return fmt.Sprintf("%d cores, limit %d", need.Cores, limit.Cores), true
 	case need.RAM > limit.RAM:
 		return fmt.Sprintf("%d MB of RAM, limit %d", need.RAM, limit.RAM), true
+	}
+	for _, k := range slices.Sorted(maps.Keys(need.Other)) {
+		// A resource the limit does not name is not limited.
+		if lim, ok := limit.Other[k]; ok && need.Other[k] > 0 && need.Other[k] > lim {
+			return fmt.Sprintf("%d %s, limit %d", need.Other[k], k, lim), true
+		}
 	}
 	return "", false
 }
@@ -83,10 +115,10 @@ func (h *headroom) fits(tenant string, need kv.Resources) (ok bool, blockedBy st
 }
 
 func (h *headroom) take(tenant string, need kv.Resources) {
-	h.pool = h.pool.Sub(need)
-	h.provider = h.provider.Sub(need)
+	h.pool = h.pool.Less(need)
+	h.provider = h.provider.Less(need)
 	if t, limited := h.tenants[tenant]; limited {
-		h.tenants[tenant] = t.Sub(need)
+		h.tenants[tenant] = t.Less(need)
 	}
 }
 
@@ -134,6 +166,9 @@ func describeNeed(r kv.Resources) string {
 	}
 	if r.RAM > 0 {
 		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Other)) {
+		parts = append(parts, fmt.Sprintf("%d %s", r.Other[k], k))
 	}
 	return strings.Join(parts, ", ")
 }

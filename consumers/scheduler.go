@@ -36,10 +36,13 @@ type scheduler struct {
 
 	// sizes is what one node of each label costs against quota.
 	sizes map[string]kv.Resources
+	// disabled are the pool's labels with min-ready below 0 (its value):
+	// no node of them is created.
+	disabled map[string]int
 }
 
 func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *scheduler {
-	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}}
+	s := &scheduler{l: l, prov: prov, pool: pool, ref: kv.PoolRef(prov.Name, pool.Name), labels: map[string]bool{}, sizes: map[string]kv.Resources{}, disabled: map[string]int{}}
 	for _, pl := range pool.Labels {
 		s.labels[pl.Name] = true
 		size, err := l.opts.Providers[prov.Name].QuotaForLabel(pool.Name, pl.Name)
@@ -47,6 +50,9 @@ func newScheduler(l *Launcher, prov *config.Provider, pool *config.Pool) *schedu
 			size.Instances = 1
 		}
 		s.sizes[pl.Name] = size
+		if lb, ok := l.opts.Config.Label(pl.Name); ok && lb.Disabled() {
+			s.disabled[pl.Name] = lb.MinReady
+		}
 	}
 	_, s.registered = drivers.As[drivers.Registrar](l.opts.Providers[prov.Name])
 	s.log = l.log.With("pool", s.ref)

@@ -24,6 +24,9 @@ type jobSet struct {
 	doneMu sync.Mutex
 	done   []jobDone
 	doneC  chan struct{}
+
+	// panicked is called, in the job's goroutine, when a job panics.
+	panicked func(ctx context.Context, d jobDone, p any)
 }
 
 // inflight is what a job in flight is creating for a request.
@@ -37,12 +40,15 @@ type jobDone struct {
 	keys     []string // busy keys to clear
 	reserved []string
 	request  string // newNodes entry to clear
+	// subject is the request the job works for: failed, with the reason,
+	// if the job panics.
+	subject string
 }
 
-func newJobSet() *jobSet {
+func newJobSet(panicked func(ctx context.Context, d jobDone, p any)) *jobSet {
 	return &jobSet{
 		busy: map[string]bool{}, reserved: map[string]bool{}, newNodes: map[string]inflight{},
-		sem: make(chan struct{}, maxJobs), doneC: make(chan struct{}, 1),
+		sem: make(chan struct{}, maxJobs), doneC: make(chan struct{}, 1), panicked: panicked,
 	}
 }
 
@@ -70,6 +76,11 @@ func (js *jobSet) spawn(ctx context.Context, d jobDone, job func(ctx context.Con
 			return
 		}
 		defer func() { <-js.sem }()
+		defer func() {
+			if p := recover(); p != nil && js.panicked != nil {
+				js.panicked(ctx, d, p)
+			}
+		}()
 		job(ctx)
 	})
 }

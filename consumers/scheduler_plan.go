@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -43,12 +44,12 @@ type slot struct {
 func (t *term) headroom() *headroom {
 	used := t.idx.used
 	h := &headroom{
-		pool:     poolLimits(t.pool).Sub(used.poolUsed),
-		provider: t.cloud.limits.Sub(t.cloud.others).Sub(used.provUsed),
+		pool:     poolLimits(t.pool).Less(used.poolUsed),
+		provider: t.cloud.limits.Less(t.cloud.others).Less(used.provUsed),
 		tenants:  map[string]kv.Resources{},
 	}
 	for _, tl := range t.l.opts.Config.TenantResourceLimits {
-		h.tenants[tl.TenantName] = tenantLimits(tl).Sub(used.tenants[tl.TenantName])
+		h.tenants[tl.TenantName] = tenantLimits(tl).Less(used.tenants[tl.TenantName])
 	}
 	for _, in := range t.jobs.newNodes {
 		h.take(in.tenant, in.size)
@@ -107,7 +108,8 @@ func (t *term) pass(ctx context.Context) {
 			continue // looked at again when its job is done
 		}
 		r := e.Value
-		if t.checkPending(ctx, &r, free, room) {
+		done := true
+		if t.guarded(ctx, id, func() { done = t.checkPending(ctx, &r, free, room) }) || done {
 			delete(ix.dirty, id)
 		}
 	}
@@ -131,46 +133,64 @@ func (t *term) pass(ctx context.Context) {
 	blockedTenants := map[string]bool{}
 	paused := false
 	for _, r := range waiting {
-		if why := t.cannotServe(r); why != "" {
-			jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
-			continue
-		}
-		if !t.imagesReady(r) {
-			continue // waits for an upload of its diskimage; not a decline
-		}
-		if t.deferred(r, live) {
-			continue
-		}
-		plan, need := t.plan(r, free, nil)
-		if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
-			continue
-		}
-		if ok, by := room.fits(r.Tenant, need); !ok {
-			if strings.HasPrefix(by, "tenant ") {
-				// Only this tenant's requests wait behind it.
-				blockedTenants[r.Tenant] = true
-				continue
+		t.guarded(ctx, r.ID, func() {
+			if why := t.cannotServe(r); why != "" {
+				jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
+				return
 			}
-			for _, lb := range r.Labels {
-				blockedLabels[lb] = true
+			if !t.imagesReady(r) {
+				return // waits for an upload of its diskimage; not a decline
 			}
-			paused = true
-			continue
-		}
-		room.take(r.Tenant, need)
-		jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
-		d := jobDone{keys: []string{r.ID}, request: r.ID}
-		for _, sl := range plan {
-			if sl.reuse {
-				d.reserved = append(d.reserved, sl.node)
+			if t.deferred(r, live) {
+				return
 			}
-		}
-		jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+			plan, need := t.plan(r, free, nil)
+			if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
+				return
+			}
+			if ok, by := room.fits(r.Tenant, need); !ok {
+				if strings.HasPrefix(by, "tenant ") {
+					// Only this tenant's requests wait behind it.
+					blockedTenants[r.Tenant] = true
+					return
+				}
+				for _, lb := range r.Labels {
+					blockedLabels[lb] = true
+				}
+				paused = true
+				return
+			}
+			room.take(r.Tenant, need)
+			jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
+			d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
+			for _, sl := range plan {
+				if sl.reuse {
+					d.reserved = append(d.reserved, sl.node)
+				}
+			}
+			jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+		})
 	}
 	if paused != t.paused {
 		t.paused = paused
 		l.setPaused(t.ref, paused)
 	}
+}
+
+// guarded runs the planning of one request: a panic fails that request,
+// with the reason, and the pass goes on with the others. It reports
+// whether fn panicked.
+func (t *term) guarded(ctx context.Context, id string, fn func()) (panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = true
+			t.log.Error("planning a request panicked; failing it", "request", id, "panic", p, "stack", string(debug.Stack()))
+			s, reason := t.scheduler, panicReason(p)
+			t.jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.failBroken(ctx, id, reason) })
+		}
+	}()
+	fn()
+	return false
 }
 
 // plan picks, for each label of r (or the given slots only), a ready node
@@ -222,10 +242,16 @@ func newNodeID() string {
 // a label it does not provide, or more than its whole quota, its
 // provider's whole quota or the tenant's limits.
 func (t *term) cannotServe(r *kv.Request) string {
+	if t.pool.Disabled() {
+		return fmt.Sprintf("the pool is disabled (max-servers: %d)", t.pool.MaxServers)
+	}
 	var all kv.Resources
 	for _, label := range r.Labels {
 		if !t.labels[label] {
 			return fmt.Sprintf("label %s is not in this pool", label)
+		}
+		if mr, off := t.disabled[label]; off {
+			return fmt.Sprintf("label %s is disabled (min-ready: %d)", label, mr)
 		}
 		all = all.Add(t.sizes[label])
 	}
@@ -339,7 +365,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 			if reason == "" {
 				reason = fmt.Sprintf("node %s failed", id)
 			}
-			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
+			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
 			return true
 		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
 			ready = false
@@ -354,7 +380,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 		}
 		room.take(r.Tenant, need)
 		t.jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
-		d := jobDone{keys: []string{r.ID}, request: r.ID}
+		d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
 		for _, sl := range plan {
 			if sl.reuse {
 				d.reserved = append(d.reserved, sl.node)
@@ -366,7 +392,7 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 	}
 	if ready {
 		nodes := slices.Clone(r.Nodes)
-		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
 	}
 	return true
 }

@@ -33,7 +33,7 @@ func newTerm(s *scheduler) *term {
 	return &term{
 		scheduler: s,
 		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
-		jobs:      newJobSet(),
+		jobs:      newJobSet(s.jobPanicked),
 		cloud:     cloudQuota{limits: kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}},
 	}
 }

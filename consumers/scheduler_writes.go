@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -172,7 +174,7 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
-		HostKeys: []string{}, Attributes: map[string]string{}, Resources: size,
+		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,
 		Created: now, StateTime: now, Attempt: 1,
 	}
 	_, err = s.l.nodes.Create(ctx, n.ID, n)
@@ -268,5 +270,31 @@ func (s *scheduler) freeNode(ctx context.Context, nodeID, request string) {
 	})
 	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 		s.log.Warn("could not free node", "node", nodeID, "err", err)
+	}
+}
+
+// failBroken fails a request that could not be handled (its handling
+// panicked), whatever its state short of done, with the reason.
+func (s *scheduler) failBroken(ctx context.Context, id, reason string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.Done() {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFailed, time.Now().UTC())
+		r.Reason = reason
+		return nil
+	})
+	if err == nil {
+		s.l.metrics.RequestsFailed.Add(1)
+	} else if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		s.log.Warn("could not fail request", "request", id, "err", err)
+	}
+}
+
+// jobPanicked fails the request of a job that panicked.
+func (s *scheduler) jobPanicked(ctx context.Context, d jobDone, p any) {
+	s.log.Error("scheduler job panicked", "request", d.subject, "keys", d.keys, "panic", p, "stack", string(debug.Stack()))
+	if d.subject != "" {
+		s.failBroken(ctx, d.subject, panicReason(p))
 	}
 }

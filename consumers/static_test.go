@@ -58,6 +58,7 @@ providers:
     rate: 1000 # the driver is wrapped by the rate limiter; its hooks still work
     pools:
       - name: main
+        node-attributes: {rack: r1}
         nodes:
           - name: %s
             connection-port: %d
@@ -66,7 +67,9 @@ providers:
             host-key: %q
           - name: %s
             connection-port: %d
-            labels: [static-a, static-b]
+            labels: static-a static-b
+            python-path: /usr/bin/python3
+            shell-type: bash
 `, srvA.Host, srvA.Port, srvA.HostKeys()[1], srvB.Host, srvB.Port))
 	a0, a1, b0 := staticNodeID(srvA, "zuul", 0), staticNodeID(srvA, "zuul", 1), staticNodeID(srvB, "zuul", 0)
 	ids := []string{a0, a1, b0}
@@ -88,12 +91,18 @@ providers:
 		if !slices.Equal(sorted(n.HostKeys), sorted(want)) {
 			t.Errorf("node %s host keys %v, want the server's %v", id, n.HostKeys, want)
 		}
-		if n.InterfaceIP != "127.0.0.1" || n.Username != "zuul" || n.ConnectionType != "ssh" || n.Provider != "rack" || n.Pool != "main" {
+		if n.InterfaceIP != "127.0.0.1" || n.Username != "zuul" || n.ConnectionType != "ssh" || n.Provider != "rack" || n.Pool != "main" ||
+			n.Attributes["rack"] != "r1" {
 			t.Errorf("node %s = %+v", id, n)
 		}
 	}
-	if n, _ := h.node(b0); !slices.Equal(n.Labels, []string{"static-a", "static-b"}) || n.ConnectionPort != srvB.Port {
-		t.Errorf("node of host B = %v port %d", n.Labels, n.ConnectionPort)
+	// static.rst's defaults, and a host's own python-path and shell-type.
+	if n, _ := h.node(a0); n.PythonPath != "/usr/bin/python2" || n.ShellType != "sh" {
+		t.Errorf("node of host A: python_path %q shell_type %q", n.PythonPath, n.ShellType)
+	}
+	if n, _ := h.node(b0); !slices.Equal(n.Labels, []string{"static-a", "static-b"}) || n.ConnectionPort != srvB.Port ||
+		n.PythonPath != "/usr/bin/python3" || n.ShellType != "bash" {
+		t.Errorf("node of host B = %v port %d python_path %q shell_type %q", n.Labels, n.ConnectionPort, n.PythonPath, n.ShellType)
 	}
 
 	// static-b only B has; reuse=false does not make a static pool launch.

@@ -48,6 +48,14 @@ type Resources = kv.Resources
 const Unlimited = int(^uint(0) >> 2)
 
 // Instance is a machine as a driver sees it.
+//
+// Username, ConnectionType, ConnectionPort, PythonPath and ShellType are
+// how a consumer reaches and uses the machine, when the driver knows it
+// (the cloud image's settings, a static host's, a backing node's); the
+// launcher copies each one that is set into the node record over what the
+// label's diskimage (or the defaults) gave, as Nodepool layers them.
+// Attributes are the node's defaults of `attributes` (a backing node's);
+// the pool's node-attributes override them key by key.
 type Instance struct {
 	ExternalID     string
 	Name           string
@@ -61,7 +69,10 @@ type Instance struct {
 	Username       string
 	ConnectionType string
 	ConnectionPort int
+	PythonPath     string
+	ShellType      string
 	HostKeys       []string
+	Attributes     map[string]string
 	ImageID        string
 	Resources      Resources
 }
@@ -84,6 +95,24 @@ type CreateRequest struct {
 	// ImageID is the provider's id of the uploaded diskimage to boot from,
 	// for labels with a diskimage ("" otherwise).
 	ImageID string
+	// AZ is the availability zone the node record asks for ("": the
+	// driver chooses).
+	AZ string
+	// Request is the request the node was launched for, when it is known.
+	Request *RequestInfo
+}
+
+// RequestInfo is what a driver may know of the request a node is launched
+// for (OpenStack's dynamic-instance-properties use it).
+type RequestInfo struct {
+	ID               string
+	Labels           []string
+	Requestor        string
+	RequestorData    map[string]string
+	RelativePriority int
+	EventID          string
+	Created          time.Time
+	Tenant           string
 }
 
 // Step is the outcome of one Advance of a state machine.
@@ -132,6 +161,33 @@ type Provider interface {
 	QuotaForLabel(pool, label string) (Resources, error)
 	// Close releases what the provider holds.
 	Close()
+}
+
+// Sweeper is implemented by drivers whose instances leave other things
+// behind in the cloud (floating IPs, ports, volumes). The cleanup leader
+// calls Sweep every sweep; known reports whether a node record exists, so
+// that what is tagged with a node that has none can be deleted.
+type Sweeper interface {
+	Sweep(ctx context.Context, known func(nodeID string) bool) error
+}
+
+// Interrupter is implemented by drivers whose cloud takes instances back
+// (AWS spot instances: an interruption notice, the interruption itself, a
+// rebalance recommendation). The cleanup leader calls Interruptions every
+// sweep and acts on each one whose node records the instance: a ready
+// node nobody took yet is deleted (and replaced, for a request that is
+// still pending), a node in use or held gets the reason in its `reason`,
+// where its holder can watch for it.
+type Interrupter interface {
+	Interruptions(ctx context.Context) ([]Interruption, error)
+}
+
+// Interruption is an instance the cloud is taking back, or took.
+type Interruption struct {
+	ExternalID string
+	NodeID     string
+	// Reason says what happened, for the node's reason.
+	Reason string
 }
 
 // Registrar is implemented by drivers whose nodes are existing machines that

@@ -11,6 +11,13 @@ type Limiter interface {
 	Wait(ctx context.Context) error
 }
 
+// Paced is implemented by drivers that pace every API call themselves
+// (one state machine step may make several calls): the launcher hands
+// them its limiter instead of wrapping them with RateLimited.
+type Paced interface {
+	Pace(lim Limiter)
+}
+
 // RateLimited wraps a provider so that every call to the cloud (each step
 // of a state machine, each listing, each quota read) first waits for the
 // limiter. Drivers stay free of rate limiting; the launcher decides the

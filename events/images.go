@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"io"
 	"regexp"
 	"strings"
@@ -38,16 +39,18 @@ type UploadMessage struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-var imageNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+var imageNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // ValidImageName reports whether a name can be an image or provider name
-// in a trigger subject: 1 to 64 of A-Z a-z 0-9 _ -.
-func ValidImageName(name string) bool { return imageNameRE.MatchString(name) }
+// (as nodepool.yaml allows them): 1 to 64 of A-Z a-z 0-9 _ - and inner
+// dots.
+func ValidImageName(name string) bool { return len(name) <= 64 && imageNameRE.MatchString(name) }
 
 // ParseBuildSubject returns the image of a build trigger subject.
 func ParseBuildSubject(subject string) (string, error) {
-	image, ok := strings.CutPrefix(subject, "nodepool.builds.")
-	if !ok || !ValidImageName(image) {
+	tok, ok := strings.CutPrefix(subject, "nodepool.builds.")
+	image := token.Decode(tok)
+	if !ok || strings.Contains(tok, ".") || !ValidImageName(image) {
 		return "", fmt.Errorf("subject %q is not a build trigger; expected nodepool.builds.<image>", subject)
 	}
 	return image, nil
@@ -57,8 +60,9 @@ func ParseBuildSubject(subject string) (string, error) {
 // subject.
 func ParseUploadSubject(subject string) (image, provider string, err error) {
 	rest, ok := strings.CutPrefix(subject, "nodepool.uploads.")
-	image, provider, two := strings.Cut(rest, ".")
-	if !ok || !two || !ValidImageName(image) || !ValidImageName(provider) {
+	itok, ptok, two := strings.Cut(rest, ".")
+	image, provider = token.Decode(itok), token.Decode(ptok)
+	if !ok || !two || strings.Contains(ptok, ".") || !ValidImageName(image) || !ValidImageName(provider) {
 		return "", "", fmt.Errorf("subject %q is not an upload trigger; expected nodepool.uploads.<image>.<provider>", subject)
 	}
 	return image, provider, nil

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"time"
 
@@ -27,11 +28,13 @@ const (
 )
 
 // BuildSubject is the trigger subject of an image build.
-func BuildSubject(image string) string { return "nodepool.builds." + image }
+// Names are written as one token each (a dot becomes "="; see
+// internal/token).
+func BuildSubject(image string) string { return "nodepool.builds." + token.Encode(image) }
 
 // UploadSubject is the trigger subject of an image upload to a provider.
 func UploadSubject(image, provider string) string {
-	return "nodepool.uploads." + image + "." + provider
+	return "nodepool.uploads." + token.Encode(image) + "." + token.Encode(provider)
 }
 
 // RequestsRetention is how long request messages stay in their stream. The

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"fmt"
+	"github.com/nodepool-nats/nodepool/internal/token"
 	"slices"
 	"strings"
 	"time"
@@ -56,6 +57,10 @@ type ImageFile struct {
 	Object string `json:"object"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+	// Deleted: the file was deleted from the store once every upload of
+	// it was done (the diskimage's delete-after-upload); the record keeps
+	// what it was.
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // ImageBuild is the record of one build of an image (key
@@ -139,12 +144,24 @@ func (b *ImageBuild) Key() string { return BuildKey(b.Image, b.ID) }
 // Key is the upload's key.
 func (u *ImageUpload) Key() string { return UploadKey(u.Image, u.BuildID, u.Provider, u.ID) }
 
+// DiskImageKey is the key of an image's record. Names are written as one
+// token each (a dot in a name becomes "="; see internal/token).
+func DiskImageKey(image string) string { return token.Encode(image) }
+
 // BuildKey is the key of a build record.
-func BuildKey(image, build string) string { return image + "." + build }
+func BuildKey(image, build string) string { return token.Encode(image) + "." + build }
+
+// BuildKeys is the key filter of an image's builds.
+func BuildKeys(image string) string { return token.Encode(image) + ".*" }
+
+// UploadKeys is the key filter of an image's uploads to a provider.
+func UploadKeys(image, provider string) string {
+	return token.Encode(image) + ".*." + token.Encode(provider) + ".*"
+}
 
 // UploadKey is the key of an upload record.
 func UploadKey(image, build, provider, upload string) string {
-	return image + "." + build + "." + provider + "." + upload
+	return token.Encode(image) + "." + build + "." + token.Encode(provider) + "." + upload
 }
 
 // ImageSeqID formats a build or upload id: its number, zero-padded to 10

@@ -29,23 +29,6 @@ var NodeStates = []NodeState{NodeInit, NodeBuilding, NodeReady, NodeInUse, NodeU
 // Valid reports whether s is a known node state.
 func (s NodeState) Valid() bool { return slices.Contains(NodeStates, s) }
 
-// Resources is what a node counts against quota.
-type Resources struct {
-	Cores     int `json:"cores"`
-	RAM       int `json:"ram"`
-	Instances int `json:"instances"`
-}
-
-// Add returns r + o.
-func (r Resources) Add(o Resources) Resources {
-	return Resources{Cores: r.Cores + o.Cores, RAM: r.RAM + o.RAM, Instances: r.Instances + o.Instances}
-}
-
-// Sub returns r - o.
-func (r Resources) Sub(o Resources) Resources {
-	return Resources{Cores: r.Cores - o.Cores, RAM: r.RAM - o.RAM, Instances: r.Instances - o.Instances}
-}
-
 // Node is a record of the nodepool-nodes bucket, keyed by id. The field names
 // are the public contract (see the README).
 type Node struct {
@@ -100,6 +83,7 @@ func (n *Node) Clone() Node {
 	c.Attributes = maps.Clone(n.Attributes)
 	c.DriverData = slices.Clone(n.DriverData)
 	c.UserData = slices.Clone(n.UserData)
+	c.Resources = n.Resources.Clone()
 	if n.LeaseUntil != nil {
 		t := *n.LeaseUntil
 		c.LeaseUntil = &t

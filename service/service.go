@@ -23,12 +23,17 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 )
+
+// InboxPrefix is the prefix of the reply subjects of nodepool's processes
+// (nats.go's default is _INBOX, which nats.conf lets requestors read).
+const InboxPrefix = "_INBOX_nodepool"
 
 // Version is the version reported in component records.
 var Version = "dev"
@@ -40,6 +45,7 @@ type Process struct {
 	Log      *slog.Logger
 
 	server    *server.Server
+	lock      *DataDirLock
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	buckets   *kv.Buckets
@@ -59,7 +65,16 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}()
 	url, opts := client.ConnectOptions(s, "nodepool "+s.ID)
+	// Replies to nodepool's processes go to inboxes of their own, so that a
+	// user who may subscribe to _INBOX.> (nats.conf's requestor) cannot
+	// read them.
+	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix))
 	if s.Embedded() {
+		lock, err := LockDataDir(s.DataDir, fmt.Sprintf("id %s, NATS on %s", s.ID, s.NatsListen))
+		if err != nil {
+			return nil, err
+		}
+		p.lock = lock
 		ns, err := StartEmbedded(s.NatsListen, filepath.Join(s.DataDir, "jetstream"), log)
 		if err != nil {
 			return nil, err
@@ -75,7 +90,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	opts = append(opts, nats.ReconnectBufSize(-1))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connecting to NATS at %s: %w", config.RedactURLs(url), err)
 	}
 	p.nc = nc
 	if p.js, err = jetstream.New(nc); err != nil {
@@ -126,6 +141,8 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 			p, err = static.New(ctx, js, pc, log)
 		case "metastatic":
 			p, err = metastatic.New(ctx, js, pc, log)
+		case "aws":
+			p, err = aws.New(ctx, pc, aws.Options{Log: log})
 		default:
 			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 		}
@@ -176,6 +193,32 @@ func (p *Process) Providers() map[string]drivers.Provider { return p.providers }
 // Launcher is the launcher role (nil if the process does not run it).
 func (p *Process) Launcher() *consumers.Launcher { return p.launcher }
 
+// Ready returns nil once the process serves: connected to NATS, and every
+// role it runs started (its drivers constructed, its worker groups up);
+// otherwise it says what is missing. A role that is stopping is not ready.
+func (p *Process) Ready() error {
+	if p.nc == nil || !p.nc.IsConnected() {
+		return errors.New("not connected to NATS")
+	}
+	if p.launcher != nil && !p.launcher.Running() {
+		return errors.New("the launcher is not running (starting or stopping)")
+	}
+	if p.builder != nil && !p.builder.Running() {
+		return errors.New("the builder is not running (starting or stopping)")
+	}
+	return nil
+}
+
+// Alive returns nil unless the process cannot recover by itself: its NATS
+// connection is closed for good (a connection that is reconnecting is
+// alive, only not ready).
+func (p *Process) Alive() error {
+	if p.nc == nil || p.nc.IsClosed() {
+		return errors.New("the NATS connection is closed")
+	}
+	return nil
+}
+
 // Run runs the roles until ctx ends, then shuts them down cleanly.
 func (p *Process) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -215,6 +258,7 @@ func (p *Process) Close() {
 		p.server.Shutdown()
 		p.server.WaitForShutdown()
 	}
+	p.lock.Release()
 }
 
 // StartEmbedded starts a nats-server with JetStream on addr (host:port),

@@ -28,16 +28,24 @@ func (a *app) configValidateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "config-validate [FILE]",
 		Short: "Check a nodepool.yaml; exits non-zero and names every problem",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Check a nodepool.yaml (FILE, or -c/NODEPOOL_CONFIG) and the secure file
+(-s/NODEPOOL_SECURE) merged over it. Every error is printed with its file,
+line and key path, and the command exits 1; warnings (what Nodepool
+accepts but is likely a mistake, such as a label no pool of the file
+provides) are printed with "warning:" and do not fail.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := a.settings.Config
 			if len(args) == 1 {
 				path = args[0]
 			}
-			cfg, err := config.Load(path)
+			cfg, err := config.LoadFiles(path, a.settings.Secure)
 			if err != nil {
 				fmt.Fprintln(a.err, err)
 				return exitError{code: 1}
+			}
+			for _, w := range cfg.Warnings {
+				fmt.Fprintln(a.err, "warning:", w)
 			}
 			pools := 0
 			for _, p := range cfg.Providers {
@@ -124,65 +132,30 @@ func defaultHolder() string {
 	return client.Holder(name, host)
 }
 
-func (a *app) listCmd() *cobra.Command {
-	return listCommand(a, listing[kv.Node]{
-		use: "list", short: "List nodes", what: "the node records",
-		load: func(ctx context.Context, c *client.Client) ([]kv.Node, error) {
-			entries, err := c.Nodes(ctx)
-			return values(entries, err, func(x, y kv.Node) int {
-				if c := x.Created.Compare(y.Created); c != 0 {
-					return c
-				}
-				return strings.Compare(x.ID, y.ID)
-			})
-		},
-		columns: []string{"ID", "PROVIDER", "POOL", "LABEL", "STATE", "AGE", "ALLOCATED TO", "HOLDER", "IP", "EXTERNAL ID", "LAUNCHER", "COMMENT"},
-		row: func(n kv.Node, now time.Time) []string {
-			comment := n.Comment
-			if comment == "" {
-				comment = n.Reason
-			}
-			return []string{n.ID, n.Provider, n.Pool, strings.Join(n.Labels, ","), string(n.State), age(n.StateTime, now),
-				orDash(n.AllocatedTo), orDash(n.Holder), orDash(n.InterfaceIP), orDash(n.ExternalID), orDash(n.Launcher), orDash(comment)}
-		},
-	})
-}
-
-func (a *app) requestListCmd() *cobra.Command {
-	return listCommand(a, listing[kv.Request]{
-		use: "request-list", short: "List node requests", what: "the request records",
-		load: func(ctx context.Context, c *client.Client) ([]kv.Request, error) {
-			entries, err := c.Requests(ctx)
-			return values(entries, err, func(x, y kv.Request) int {
-				if c := x.Created.Compare(y.Created); c != 0 {
-					return c
-				}
-				return strings.Compare(x.ID, y.ID)
-			})
-		},
-		columns: []string{"ID", "STATE", "LABELS", "NODES", "POOL", "REQUESTOR", "PRIORITY", "AGE", "REASON"},
-		row: func(r kv.Request, now time.Time) []string {
-			pool := "-"
-			if r.Provider != "" {
-				pool = kv.PoolRef(r.Provider, r.Pool)
-			}
-			return []string{r.ID, string(r.State), strings.Join(r.Labels, ","), orDash(strings.Join(r.Nodes, ",")), pool,
-				orDash(r.Requestor), fmt.Sprintf("%d/%d", r.Priority, r.RelativePriority), age(r.Created, now), orDash(r.Reason)}
-		},
-	})
+// guardFlags are the flags of return and delete: who the operator is, and
+// --force to act on a node that is someone else's or on hold.
+func guardFlags(cmd *cobra.Command, g *client.Guard) {
+	cmd.Flags().StringVar(&g.Holder, "holder", defaultHolder(), "who you are: nodes taken by this holder are yours")
+	cmd.Flags().BoolVar(&g.Force, "force", false, "also act on a node someone else holds, allocated to a request, or on hold")
 }
 
 func (a *app) returnCmd() *cobra.Command {
-	return &cobra.Command{
+	var g client.Guard
+	cmd := &cobra.Command{
 		Use:   "return NODE...",
 		Short: "Give nodes back (state used); nodepool deletes them",
-		Args:  cobra.MinimumNArgs(1),
+		Long: `Give nodes back (state used); nodepool then deletes them. A node that
+someone else holds (in use by another holder, or ready and allocated to a
+request), or that is on hold, is refused unless --force.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			return a.eachNode(cmd.Context(), ids, "returned", func(c *client.Client, id string) error {
-				return c.Return(cmd.Context(), id)
+			return a.eachNode(cmd.Context(), ids, "return", "returned", func(c *client.Client, id string) error {
+				return c.ReturnAs(cmd.Context(), id, g)
 			})
 		},
 	}
+	guardFlags(cmd, &g)
+	return cmd
 }
 
 func (a *app) holdCmd() *cobra.Command {
@@ -198,7 +171,7 @@ func (a *app) holdCmd() *cobra.Command {
 			if expire < 0 {
 				return fmt.Errorf("--expire: expected a positive duration such as 2h, got %s", expire)
 			}
-			return a.eachNode(cmd.Context(), ids, "held", func(c *client.Client, id string) error {
+			return a.eachNode(cmd.Context(), ids, "hold", "held", func(c *client.Client, id string) error {
 				_, err := c.Hold(cmd.Context(), id, reason, expire)
 				return err
 			})
@@ -210,21 +183,60 @@ func (a *app) holdCmd() *cobra.Command {
 }
 
 func (a *app) deleteCmd() *cobra.Command {
-	return &cobra.Command{
+	var g client.Guard
+	cmd := &cobra.Command{
 		Use:   "delete NODE...",
-		Short: "Delete nodes whatever their state",
+		Short: "Delete nodes (a held node, or one someone else holds, only with --force)",
+		Long: `Delete nodes whatever their state, as Nodepool's delete did, except that
+a node someone else holds (in use by another holder, or ready and
+allocated to a request) or that is on hold is refused unless --force.
+Deleting a held node with --force is how a hold ends early.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			return a.eachNode(cmd.Context(), ids, "delete", "marked for deletion", func(c *client.Client, id string) error {
+				return c.DeleteNodeAs(cmd.Context(), id, g)
+			})
+		},
+	}
+	guardFlags(cmd, &g)
+	return cmd
+}
+
+func (a *app) requestDeleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "request-delete REQUEST...",
+		Short: "Delete node requests; nodes allocated to them and not taken go back to the pool",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			return a.eachNode(cmd.Context(), ids, "marked for deletion", func(c *client.Client, id string) error {
-				return c.DeleteNode(cmd.Context(), id)
-			})
+			c, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			failed := 0
+			for _, id := range ids {
+				err := c.DeleteRequest(cmd.Context(), id)
+				if errors.Is(err, kv.ErrNotFound) {
+					err = fmt.Errorf("no request %q (see nodepool request-list)", id)
+				}
+				if err != nil {
+					fmt.Fprintf(a.err, "%s: %v\n", id, err)
+					failed++
+					continue
+				}
+				fmt.Fprintf(a.out, "%s deleted\n", id)
+			}
+			if failed > 0 {
+				return exitError{code: 1}
+			}
+			return nil
 		},
 	}
 }
 
 // eachNode applies fn to each node id and reports each outcome; it fails if
 // any failed.
-func (a *app) eachNode(ctx context.Context, ids []string, done string, fn func(*client.Client, string) error) error {
+func (a *app) eachNode(ctx context.Context, ids []string, verb, done string, fn func(*client.Client, string) error) error {
 	c, err := a.connect(ctx)
 	if err != nil {
 		return err
@@ -235,6 +247,9 @@ func (a *app) eachNode(ctx context.Context, ids []string, done string, fn func(*
 		if err := fn(c, id); err != nil {
 			if errors.Is(err, kv.ErrNotFound) {
 				err = fmt.Errorf("no node %q", id)
+			}
+			if errors.Is(err, client.ErrHeldByOther) || errors.Is(err, client.ErrOnHold) {
+				err = fmt.Errorf("%w; refused (--force to %s it anyway)", err, verb)
 			}
 			fmt.Fprintf(a.err, "%s: %v\n", id, err)
 			failed++

@@ -20,6 +20,7 @@ func (a *app) benchCmd() *cobra.Command {
 		asJSON      bool
 		workDir     string
 		printConfig bool
+		cloud       bench.CloudOptions
 	)
 	var names []string
 	for _, s := range bench.Scenarios() {
@@ -74,7 +75,7 @@ Scenarios:
 					return err
 				}
 				fmt.Fprintf(a.err, "run %d of %d: %s, n=%d\n", i+1, runs, sc.Name, n)
-				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger()}, n)
+				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(), Cloud: cloud}, n)
 				all = append(all, rs...)
 				if err != nil {
 					return fmt.Errorf("run %d: %w (launcher logs in %s)", i+1, err, dir)
@@ -92,6 +93,10 @@ Scenarios:
 	f.BoolVar(&asJSON, "json", false, "print every run's figures as JSON")
 	f.StringVar(&workDir, "work-dir", "", "where to keep configurations, data and launcher logs (default: a temporary folder)")
 	f.BoolVar(&printConfig, "print-config", false, "print the scenario's nodepool.yaml and exit")
+	f.StringVar(&cloud.Name, "cloud", "", "cloud scenario: the cloud on loopback whose real driver runs (aws, openstack; default openstack when built in, else aws)")
+	f.DurationVar(&cloud.Latency, "cloud-latency", 50*time.Millisecond, "cloud scenario: latency of every API call")
+	f.DurationVar(&cloud.Boot, "cloud-boot", 2*time.Second, "cloud scenario: boot time of a server")
+	f.Float64Var(&cloud.RateLimit, "cloud-rate", 100, "cloud scenario: API calls per second of the runs with a rate (the provider's rate key, in the driver's own unit); 0 leaves those runs out")
 	return cmd
 }
 

@@ -16,17 +16,19 @@ func TestBenchScenarios(t *testing.T) {
 		scenario string
 		n        string
 		results  int
+		args     []string
 	}{
-		{"fresh", "20", 1},
-		{"ready", "20", 2},
-		{"churn", "30", 1},
-		{"scale", "300", 1},
-		{"scaleout", "20", 2},
+		{"fresh", "20", 1, nil},
+		{"ready", "20", 2, nil},
+		{"churn", "30", 1, nil},
+		{"scale", "300", 1, nil},
+		{"scaleout", "20", 2, nil},
+		{"cloud", "10", 2, []string{"--cloud", "aws", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
 	}
 	for _, c := range cases {
 		t.Run(c.scenario, func(t *testing.T) {
 			t.Parallel()
-			out, errOut, code := nodepool(t, nil, "bench", c.scenario, "--n", c.n, "--json", "--work-dir", t.TempDir())
+			out, errOut, code := nodepool(t, nil, append([]string{"bench", c.scenario, "--n", c.n, "--json", "--work-dir", t.TempDir()}, c.args...)...)
 			if code != 0 {
 				t.Fatalf("bench %s: exit %d\n%s", c.scenario, code, errOut)
 			}
@@ -52,7 +54,7 @@ func TestBenchScenarios(t *testing.T) {
 		})
 	}
 	_, errOut, code := nodepool(t, nil, "bench", "nosuch")
-	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout`) {
+	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout, cloud`) {
 		t.Errorf("unknown scenario: exit %d, %q", code, errOut)
 	}
 	out, _, code := nodepool(t, nil, "bench", "churn", "--print-config")

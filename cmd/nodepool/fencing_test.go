@@ -47,7 +47,7 @@ func TestFencingCutOffLauncher(t *testing.T) {
 
 func testFencing(t *testing.T, mode string) {
 	srv := natstest.Start(t)
-	proxy := natstest.StartProxy(t, srv.ClientURL())
+	proxy := natstest.StartProxy(t, srv)
 	cfg := writeConfig(t, fencingConfig)
 	const ttl = 2 * time.Second
 	env := func(id string) map[string]string {

@@ -5,19 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os/user"
-	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/nodepool-nats/nodepool/builder"
-	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
-	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -30,7 +25,7 @@ func (a *app) imageCmds() []*cobra.Command {
 
 // diskimage checks that an image is one the configuration builds.
 func (a *app) diskimage(name string) (*config.Config, error) {
-	cfg, err := config.Load(a.settings.Config)
+	cfg, err := a.settings.LoadConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +63,7 @@ func (a *app) imageBuildCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.out, "build of %s requested\n", image)
-			builds, err := c.Images().Builds.Filtered(image + ".*").List(ctx)
+			builds, err := c.Images().Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 			if err == nil {
 				for _, e := range builds {
 					if e.Value.State == kv.ImageBuilding {
@@ -79,141 +74,6 @@ func (a *app) imageBuildCmd() *cobra.Command {
 			return nil
 		},
 	}
-}
-
-func humanSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-func (a *app) dibImageListCmd() *cobra.Command {
-	return listCommand(a, listing[kv.ImageBuild]{
-		use: "dib-image-list", short: "List image builds", what: "the build records",
-		load: func(ctx context.Context, c *client.Client) ([]kv.ImageBuild, error) {
-			entries, err := c.Images().Builds.List(ctx)
-			return values(entries, err, func(x, y kv.ImageBuild) int { return strings.Compare(x.Key(), y.Key()) })
-		},
-		columns: []string{"ID", "IMAGE", "BUILDER", "FORMATS", "SIZE", "STATE", "AGE", "REASON"},
-		row: func(b kv.ImageBuild, now time.Time) []string {
-			return []string{b.Image + "-" + b.ID, b.Image, b.Builder, strings.Join(b.Formats, ","),
-				humanSize(b.Size), string(b.State), age(b.StateTime, now), orDash(b.Reason)}
-		},
-	})
-}
-
-func (a *app) imageListCmd() *cobra.Command {
-	return listCommand(a, listing[kv.ImageUpload]{
-		use: "image-list", short: "List image uploads to providers", what: "the upload records",
-		load: func(ctx context.Context, c *client.Client) ([]kv.ImageUpload, error) {
-			entries, err := c.Images().Uploads.List(ctx)
-			return values(entries, err, func(x, y kv.ImageUpload) int { return strings.Compare(x.Key(), y.Key()) })
-		},
-		columns: []string{"BUILD ID", "UPLOAD ID", "PROVIDER", "IMAGE", "PROVIDER IMAGE NAME", "PROVIDER IMAGE ID", "STATE", "AGE", "REASON"},
-		row: func(u kv.ImageUpload, now time.Time) []string {
-			return []string{u.BuildID, u.ID, u.Provider, u.Image, orDash(u.ExternalName), orDash(u.ExternalID),
-				string(u.State), age(u.StateTime, now), orDash(u.Reason)}
-		},
-	})
-}
-
-// imageStatus is one line of image-status.
-type imageStatus struct {
-	Image        string     `json:"image"`
-	Paused       bool       `json:"paused"`
-	BuildRequest int        `json:"build_requests"`
-	State        string     `json:"state"`
-	Build        string     `json:"build"`
-	StateTime    *time.Time `json:"state_time"`
-}
-
-func (a *app) imageStatusCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "image-status",
-		Short: "Show each image: paused, build requests waiting, state of its newest build",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			names := map[string]bool{}
-			paused := map[string]bool{}
-			if cfg, err := config.Load(a.settings.Config); err == nil {
-				for _, di := range cfg.Diskimages {
-					if !di.Abstract {
-						names[di.Name] = true
-						paused[di.Name] = di.Pause
-					}
-				}
-			}
-			imgs, err := c.Images().Images.List(ctx)
-			if err != nil {
-				return err
-			}
-			for _, e := range imgs {
-				names[e.Key] = true
-				paused[e.Key] = paused[e.Key] || e.Value.Paused
-			}
-			builds, err := c.Images().Builds.List(ctx)
-			if err != nil {
-				return err
-			}
-			newest := map[string]kv.ImageBuild{}
-			for _, e := range builds {
-				names[e.Value.Image] = true
-				if n, ok := newest[e.Value.Image]; !ok || e.Value.ID > n.ID {
-					newest[e.Value.Image] = e.Value
-				}
-			}
-			pending := map[string]int{}
-			if st, err := c.JetStream().Stream(ctx, events.BuildsStream); err == nil {
-				if info, err := st.Info(ctx, jetstreamFilter(events.BuildsSubject)); err == nil {
-					for subject, n := range info.State.Subjects {
-						if image, err := events.ParseBuildSubject(subject); err == nil {
-							pending[image] = int(n)
-						}
-					}
-				}
-			}
-			var out []imageStatus
-			for name := range names {
-				s := imageStatus{Image: name, Paused: paused[name], BuildRequest: pending[name], State: "-", Build: "-"}
-				if b, ok := newest[name]; ok {
-					t := b.StateTime
-					s.State, s.Build, s.StateTime = string(b.State), b.ID, &t
-				}
-				out = append(out, s)
-			}
-			slices.SortFunc(out, func(x, y imageStatus) int { return strings.Compare(x.Image, y.Image) })
-			if asJSON {
-				return writeJSON(a.out, out)
-			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "IMAGE\tPAUSED\tBUILD REQUESTS\tNEWEST BUILD\tSTATE\tAGE")
-			for _, s := range out {
-				ago := "-"
-				if s.StateTime != nil {
-					ago = age(*s.StateTime, now)
-				}
-				fmt.Fprintf(tw, "%s\t%v\t%d\t%s\t%s\t%s\n", s.Image, s.Paused, s.BuildRequest, s.Build, s.State, ago)
-			}
-			return tw.Flush()
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
-	return cmd
 }
 
 func (a *app) imageDeleteCmd() *cobra.Command {
@@ -319,7 +179,7 @@ func (a *app) alienImageListCmd() *cobra.Command {
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			cfg, err := config.Load(a.settings.Config)
+			cfg, err := a.settings.LoadConfig()
 			if err != nil {
 				return err
 			}
@@ -388,8 +248,4 @@ func (a *app) alienImageListCmd() *cobra.Command {
 
 func listAliens(ctx context.Context, provider string, ip drivers.ImageProvider, uploads []kv.ImageUpload) ([]drivers.Image, error) {
 	return builder.AlienImages(ctx, provider, ip, uploads)
-}
-
-func jetstreamFilter(subject string) jetstream.StreamInfoOpt {
-	return jetstream.WithSubjectFilter(subject)
 }

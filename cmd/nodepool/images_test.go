@@ -180,7 +180,7 @@ diskimages:
     dib-cmd: %s
     elements: [debian-minimal]
     env-vars:
-      FAKE_DIB_SIZE: 200000
+      FAKE_DIB_SIZE: "200000"
       FAKE_DIB_HANG_ONCE: %s/hung
       FAKE_DIB_PIDFILE: %s/pids
 labels: [{name: debian}]
@@ -305,7 +305,7 @@ providers:
 		t.Errorf("dib-image-list: %d\n%s", code, out)
 	}
 	out, _, code = nodepool(t, cli, "image-list")
-	if code != 0 || !strings.Contains(out, first[0].ExternalID) || !strings.HasPrefix(out, "BUILD ID") {
+	if code != 0 || !strings.Contains(out, first[0].ExternalID) || !strings.Contains(strings.Split(out, "\n")[1], "| Build ID ") {
 		t.Errorf("image-list: %d\n%s", code, out)
 	}
 
@@ -353,8 +353,8 @@ providers:
 		t.Fatalf("image-pause: %s", errOut)
 	}
 	out, _, _ = nodepool(t, cli, "image-status", "--json")
-	var status []imageStatus
-	if err := json.Unmarshal([]byte(out), &status); err != nil || len(status) != 1 || !status[0].Paused || status[0].Build != "0000000001" {
+	var status []map[string]any
+	if err := json.Unmarshal([]byte(out), &status); err != nil || len(status) != 1 || status[0]["paused"] != true || status[0]["build_id"] != "0000000001" {
 		t.Errorf("image-status: %v\n%s", err, out)
 	}
 	if _, errOut, code = nodepool(t, cli, "image-unpause", "debian"); code != 0 {

@@ -1,77 +1,83 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"slices"
-	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/nodepool-nats/nodepool/client"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/status"
 )
 
-// listing describes a command that prints records as a table, or as JSON
-// with --json: list, request-list, image-list, dib-image-list,
-// image-status, alien-image-list.
-type listing[T any] struct {
-	use, short string
-	// what names the records in --json's help ("the node records").
-	what string
-	// load reads the records, in the order they are printed.
-	load func(ctx context.Context, c *client.Client) ([]T, error)
-	// columns heads the table; row gives a record's cells.
-	columns []string
-	row     func(x T, now time.Time) []string
-}
-
-func listCommand[T any](a *app, l listing[T]) *cobra.Command {
-	var asJSON bool
+// tableCmd is a command that prints one of Nodepool's tables (list,
+// request-list, label-list, image-list, dib-image-list, image-status), the
+// same table the web API serves under the same name: bordered text, or JSON
+// objects with --json; --fields picks and orders the columns.
+func (a *app) tableCmd(use, table, short string) *cobra.Command {
+	var (
+		asJSON, detail bool
+		fields         string
+	)
 	cmd := &cobra.Command{
-		Use:   l.use,
-		Short: l.short,
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.connect(cmd.Context())
+			ctx := cmd.Context()
+			c, err := a.connect(ctx)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			records, err := l.load(cmd.Context(), c)
+			// The configuration adds its images and their pause to the
+			// image tables; without one the records say all there is.
+			cfg, _ := config.Load(a.settings.Config)
+			t, err := status.Load(ctx, status.Buckets{JS: c.JetStream(), Buckets: c.Buckets()}, table, status.Options{Config: cfg})
 			if err != nil {
 				return err
 			}
+			sel := status.ParseFields(fields)
+			if _, err := t.Select(sel); err != nil {
+				return fmt.Errorf("--fields: %w", err)
+			}
 			if asJSON {
-				if records == nil {
-					records = []T{}
-				}
-				return writeJSON(a.out, records)
+				return t.WriteJSON(a.out, sel)
 			}
-			now := time.Now()
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, strings.Join(l.columns, "\t"))
-			for _, x := range records {
-				fmt.Fprintln(tw, strings.Join(l.row(x, now), "\t"))
+			if len(sel) == 0 && !detail {
+				sel = t.Default
 			}
-			return tw.Flush()
+			return t.WriteText(a.out, sel)
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print "+l.what+" as JSON")
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print JSON objects, as the web API does with Accept: application/json")
+	f.StringVar(&fields, "fields", "", "comma separated fields to show, in that order (as the web API's ?fields=)")
+	if table == "node-list" || table == "request-list" {
+		f.BoolVar(&detail, "detail", false, "show every field")
+	}
 	return cmd
 }
 
-// values takes the records out of entries, sorted by cmp.
-func values[T any](entries []kv.Entry[T], err error, cmp func(x, y T) int) ([]T, error) {
-	if err != nil {
-		return nil, err
-	}
-	out := make([]T, len(entries))
-	for i, e := range entries {
-		out[i] = e.Value
-	}
-	slices.SortFunc(out, cmp)
-	return out, nil
+func (a *app) listCmd() *cobra.Command {
+	return a.tableCmd("list", "node-list", "List nodes (the web API's /node-list)")
+}
+
+func (a *app) requestListCmd() *cobra.Command {
+	return a.tableCmd("request-list", "request-list", "List node requests (/request-list)")
+}
+
+func (a *app) labelListCmd() *cobra.Command {
+	return a.tableCmd("label-list", "label-list", "List the labels the live launchers serve (/label-list)")
+}
+
+func (a *app) dibImageListCmd() *cobra.Command {
+	return a.tableCmd("dib-image-list", "dib-image-list", "List image builds (/dib-image-list)")
+}
+
+func (a *app) imageListCmd() *cobra.Command {
+	return a.tableCmd("image-list", "image-list", "List image uploads to providers (/image-list)")
+}
+
+func (a *app) imageStatusCmd() *cobra.Command {
+	return a.tableCmd("image-status", "image-status", "Show each image: paused, build requests waiting, its newest build (/image-status)")
 }

@@ -14,11 +14,11 @@ import (
 	"reflect"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/service"
 )
 
 func main() {
@@ -58,23 +58,27 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 			return a.loadSettings(cmd)
 		},
 	}
+	root.Version = service.BuildVersion()
+	root.SetVersionTemplate("nodepool {{.Version}}\n")
 	root.SetOut(out)
 	root.SetErr(errOut)
 	// Every process setting is also a flag; the NATS ones apply to every
 	// command.
 	pf := root.PersistentFlags()
-	pf.StringVarP(&a.flags.NatsURL, "nats-url", "s", "", "NATS server URL(s) [NODEPOOL_NATS_URL]; default: the embedded server's address")
+	pf.StringVar(&a.flags.NatsURL, "nats-url", "", "NATS server URL(s) [NODEPOOL_NATS_URL]; default: the embedded server's address")
 	pf.StringVar(&a.flags.NatsCreds, "nats-creds", "", "NATS credentials file [NODEPOOL_NATS_CREDS]")
 	pf.StringVar(&a.flags.NatsTLSCA, "nats-tls-ca", "", "NATS CA certificate [NODEPOOL_NATS_TLS_CA]")
 	pf.StringVar(&a.flags.NatsTLSCert, "nats-tls-cert", "", "NATS client certificate [NODEPOOL_NATS_TLS_CERT]")
 	pf.StringVar(&a.flags.NatsTLSKey, "nats-tls-key", "", "NATS client key [NODEPOOL_NATS_TLS_KEY]")
 	pf.StringVar(&a.flags.NatsListen, "nats-listen", "", "address of the embedded NATS server [NODEPOOL_NATS_LISTEN] (default 127.0.0.1:4222)")
 	pf.StringVarP(&a.flags.Config, "config", "c", "", "path of nodepool.yaml [NODEPOOL_CONFIG] (default ./nodepool.yaml)")
+	pf.StringVarP(&a.flags.Secure, "secure", "s", "", "secure file merged over nodepool.yaml, as Nodepool's -s [NODEPOOL_SECURE] (default none)")
 	pf.StringVar(&a.flags.LogLevel, "log-level", "", "debug, info, warn or error [NODEPOOL_LOG_LEVEL] (default info)")
 	pf.StringVar(&a.flags.LogFormat, "log-format", "", "text or json [NODEPOOL_LOG_FORMAT] (default text)")
 
-	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(),
-		a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.benchCmd())
+	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(), a.requestDeleteCmd(),
+		a.labelListCmd(), a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.infoCmd(), a.eraseCmd(),
+		a.exportImageDataCmd(), a.importImageDataCmd(), a.benchCmd(), a.devCloudCmd())
 	root.AddCommand(a.imageCmds()...)
 	return root
 }
@@ -82,8 +86,8 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 // flagNames maps Settings fields to their flag names.
 var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
-	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "DataDir": "data-dir",
-	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
+	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
+	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "PprofAddr": "pprof-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
 }
@@ -101,6 +105,9 @@ func (a *app) loadSettings(cmd *cobra.Command) error {
 			sv.FieldByName(field).Set(fv.FieldByName(field))
 		}
 	}
+	if f := cmd.Flags().Lookup("http-addr"); f != nil && f.Changed {
+		s.HTTPAddrSet = true
+	}
 	a.settings = s
 	return nil
 }
@@ -112,23 +119,6 @@ func (a *app) logger() *slog.Logger {
 		return slog.New(slog.NewJSONHandler(a.err, opts))
 	}
 	return slog.New(slog.NewTextHandler(a.err, opts))
-}
-
-// age prints a duration the way `nodepool list` shows ages.
-func age(since time.Time, now time.Time) string {
-	if since.IsZero() {
-		return "-"
-	}
-	d := now.Sub(since)
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 }
 
 func orDash(s string) string {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -333,6 +334,67 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// config-validate prints warnings without failing, names a missing file
+// with how to name another, and reads the secure file of -s (which is no
+// longer --nats-url) or NODEPOOL_SECURE.
+func TestConfigValidateWarningsAndSecure(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, `
+labels: [{name: a}, {name: elsewhere}]
+diskimages: [{name: debian, formats: [raw]}]
+providers: [{name: p, driver: fake, pools: [{name: main, labels: [a]}]}]
+`)
+	out, errOut, code := nodepool(t, nil, "config-validate", cfg)
+	if code != 0 || !strings.Contains(out, "is valid") ||
+		!strings.Contains(errOut, "warning: "+cfg+`:2: labels[1].name: label "elsewhere" is not provided by any pool of this file`) {
+		t.Errorf("warnings: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	_, errOut, code = nodepool(t, nil, "config-validate", filepath.Join(t.TempDir(), "nodepool.yaml"))
+	if code != 1 || !strings.Contains(errOut, "does not exist; name another with -c FILE or NODEPOOL_CONFIG") {
+		t.Errorf("missing file: code %d, %q", code, errOut)
+	}
+
+	secure := filepath.Join(t.TempDir(), "secure.conf")
+	if err := os.WriteFile(secure, []byte("diskimages:\n  - name: fedora\n    env-vars: {PASSWORD: x}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = nodepool(t, nil, "-s", secure, "config-validate", cfg)
+	if code != 1 || !strings.Contains(errOut, secure+`:2: diskimages[0].name: diskimage "fedora" is not defined in `+cfg) {
+		t.Errorf("-s: code %d, %q", code, errOut)
+	}
+	_, errOut, code = nodepool(t, map[string]string{"NODEPOOL_SECURE": secure}, "config-validate", cfg)
+	if code != 1 || !strings.Contains(errOut, secure+":2:") {
+		t.Errorf("NODEPOOL_SECURE: code %d, %q", code, errOut)
+	}
+	if err := os.WriteFile(secure, []byte("diskimages:\n  - name: debian\n    env-vars: {PASSWORD: x}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code = nodepool(t, nil, "--secure", secure, "config-validate", cfg); code != 0 {
+		t.Errorf("--secure with a good secure file: code %d, %q %q", code, out, errOut)
+	}
+}
+
+// With NODEPOOL_HTTP_ADDR unset, the status API listens where nodepool.yaml's
+// webapp says, as Nodepool's webapp does.
+func TestRunWebappAddress(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	cfg := writeConfig(t, fmt.Sprintf("webapp:\n  listen_address: 127.0.0.1\n  port: %d\nlabels: [{name: a}]\nproviders: [{name: p, driver: fake, pools: [{name: main, labels: [a]}]}]\n", port))
+	env := runEnv(t, t.TempDir(), freePort(t))
+	delete(env, "NODEPOOL_HTTP_ADDR")
+	p := startRun(t, env, "-c", cfg)
+	p.waitLog(fmt.Sprintf("addr=127.0.0.1:%d", port), 30*time.Second)
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz: %s", resp.Status)
+	}
+}
+
 func TestRunRejectsBadSettings(t *testing.T) {
 	t.Parallel()
 	cfg := writeConfig(t, "labels: [{name: a}]\nproviders: [{name: p, driver: fake, pools: [{name: main, labels: [a]}]}]\n")
@@ -395,14 +457,24 @@ func TestCLIEndToEnd(t *testing.T) {
 		t.Fatalf("nodes = %+v", nodes)
 	}
 	out, _, code = nodepool(t, cli, "list")
-	if code != 0 || !strings.Contains(out, nodes[0].ID) || !strings.Contains(out, "in-use") || !strings.HasPrefix(out, "ID ") {
+	if code != 0 || !strings.Contains(out, nodes[0].ID) || !strings.Contains(out, "| in-use ") || !strings.HasPrefix(out, "+-") ||
+		!strings.Contains(out, "| ci@test ") || !strings.Contains(strings.Split(out, "\n")[1], "| ID ") {
 		t.Errorf("list: code %d\n%s", code, out)
 	}
 	out, _, code = nodepool(t, cli, "request-list", "--json")
 	if code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "[") {
 		t.Errorf("request-list --json: code %d\n%s", code, out)
 	}
-	out, errOut, code = nodepool(t, cli, "return", nodes[0].ID, nodes[1].ID, "no-such-node")
+	// Someone else's nodes are refused without --force.
+	_, errOut, code = nodepool(t, cli, "return", "--holder", "someone@else", nodes[0].ID)
+	if code != 1 || !strings.Contains(errOut, `: the node belongs to someone else: in use by "ci@test", not by "someone@else"; refused (--force to return it anyway)`) {
+		t.Errorf("return of someone else's node: code %d\n%s", code, errOut)
+	}
+	_, errOut, code = nodepool(t, cli, "delete", nodes[0].ID)
+	if code != 1 || !strings.Contains(errOut, "refused (--force to delete it anyway)") {
+		t.Errorf("delete of someone else's node: code %d\n%s", code, errOut)
+	}
+	out, errOut, code = nodepool(t, cli, "return", "--holder", "ci@test", nodes[0].ID, nodes[1].ID, "no-such-node")
 	if code != 1 || !strings.Contains(out, nodes[0].ID+" returned") || !strings.Contains(errOut, `no node "no-such-node"`) {
 		t.Errorf("return: code %d\n%s\n%s", code, out, errOut)
 	}

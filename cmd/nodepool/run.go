@@ -2,24 +2,20 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"runtime/debug"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/nodepool-nats/nodepool/config"
-	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
+	"github.com/nodepool-nats/nodepool/web"
 )
 
 func (a *app) runCmd() *cobra.Command {
@@ -68,7 +64,8 @@ func (a *app) daemonFlags(cmd *cobra.Command) {
 	f.IntVar(&a.flags.BuildWorkers, "build-workers", 0, "image builds this process runs at once [NODEPOOL_BUILD_WORKERS] (default 1)")
 	f.IntVar(&a.flags.UploadWorkers, "upload-workers", 0, "image uploads this process runs at once [NODEPOOL_UPLOAD_WORKERS] (default 4)")
 	f.StringVar(&a.flags.ID, "id", "", "this process's identity [NODEPOOL_ID] (default hostname-pid)")
-	f.StringVar(&a.flags.HTTPAddr, "http-addr", "", "status API and metrics; empty turns it off [NODEPOOL_HTTP_ADDR] (default 127.0.0.1:8005)")
+	f.StringVar(&a.flags.HTTPAddr, "http-addr", "", "status API, metrics and dashboard; empty turns it off [NODEPOOL_HTTP_ADDR] (default 127.0.0.1:8005)")
+	f.StringVar(&a.flags.PprofAddr, "pprof-addr", "", "address of Go's profiling endpoints /debug/pprof/ [NODEPOOL_PPROF_ADDR] (default: off)")
 	f.IntVar(&a.flags.Replicas, "replicas", 0, "replicas of streams and buckets: 1, 3 or 5 [NODEPOOL_REPLICAS] (default 1)")
 	f.DurationVar(&a.flags.LeaseTTL, "lease-ttl", 0, "life of a lease or heartbeat without renewal [NODEPOOL_LEASE_TTL] (default 10s)")
 	f.DurationVar(&a.flags.SyncInterval, "sync-interval", 0, "period of the cleanup and reconciliation sweeps [NODEPOOL_SYNC_INTERVAL] (default 5s)")
@@ -89,95 +86,82 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	log := a.logger().With("id", s.ID)
-	cfg, err := config.Load(s.Config)
+	cfg, err := s.LoadConfig()
 	if err != nil {
 		return err
 	}
+	for _, w := range cfg.Warnings {
+		log.Warn("configuration: " + w.Error())
+	}
+	s.HTTPAddr = s.StatusAddr(cfg)
 	p, err := service.Start(ctx, s, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
 
-	var srv *http.Server
+	var servers []*http.Server
 	if s.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", s.HTTPAddr)
+		views := processViews(p, log)
+		go views.Run(ctx)
+		h := web.Handler(web.Options{Views: views, Config: cfg, Ready: p.Ready, Alive: p.Alive, Metrics: metricsHandler(p),
+			ID: s.ID, Roles: s.Roles, Connected: p.Conn().IsConnected, Log: log})
+		srv, err := serve(s.HTTPAddr, h, log, "status API", "NODEPOOL_HTTP_ADDR (or webapp in nodepool.yaml)")
 		if err != nil {
-			return fmt.Errorf("status API cannot listen on %s (set NODEPOOL_HTTP_ADDR to another address, or empty to turn it off): %w", s.HTTPAddr, err)
+			return err
 		}
-		srv = &http.Server{Handler: statusHandler(p), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("status API stopped", "err", err)
-			}
-		}()
-		log.Info("status API listening", "addr", ln.Addr().String())
+		servers = append(servers, srv)
 	}
-	log.Info("nodepool running", "config", s.Config, "roles", s.Roles, "nats", natsDescription(s))
+	if s.PprofAddr != "" {
+		srv, err := serve(s.PprofAddr, web.Pprof(), log, "profiling endpoints", "NODEPOOL_PPROF_ADDR")
+		if err != nil {
+			return err
+		}
+		servers = append(servers, srv)
+	}
+	log.Info("nodepool running", "config", s.Config, "roles", s.Roles, "nats", natsDescription(s), "version", service.BuildVersion())
 	err = p.Run(ctx)
-	if srv != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	for _, srv := range servers {
 		_ = srv.Shutdown(sctx)
-		cancel()
 	}
 	return err
+}
+
+// serve starts an HTTP server on addr; setting names what to change if it
+// cannot listen.
+func serve(addr string, h http.Handler, log *slog.Logger, what, setting string) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s cannot listen on %s (set %s to another address, or empty to turn it off): %w", what, addr, setting, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(what+" stopped", "err", err)
+		}
+	}()
+	log.Info(what+" listening", "addr", ln.Addr().String())
+	return srv, nil
+}
+
+// processViews are the web API's caches: the ones the process's roles keep
+// already, completed by the web API's own.
+func processViews(p *service.Process, log *slog.Logger) *web.Views {
+	var shared web.Views
+	if l := p.Launcher(); l != nil {
+		shared.Nodes, shared.Requests, shared.Components = l.Nodes(), l.Requests(), l.Components()
+	}
+	if b := p.Builder(); b != nil {
+		shared.Images, shared.Builds, shared.Uploads = b.Images(), b.Builds(), b.Uploads()
+	}
+	return web.NewViews(p.JetStream(), p.Buckets(), shared, log)
 }
 
 func natsDescription(s config.Settings) string {
 	if s.Embedded() {
 		return "embedded on " + s.NatsListen
 	}
-	return s.NatsURL
-}
-
-// statusHandler serves /healthz, /metrics (Prometheus) and /api/status.
-func statusHandler(p *service.Process) http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !p.Conn().IsConnected() {
-			http.Error(w, "not connected to NATS", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	if l := p.Launcher(); l != nil {
-		for _, c := range l.Metrics().Counters() {
-			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.Name, Help: c.Help},
-				func() float64 { return float64(c.V.Load()) }))
-		}
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nodepool_nodes", Help: "Node records seen by this process."},
-			func() float64 { return float64(l.Nodes().Len()) }))
-	}
-	if b := p.Builder(); b != nil {
-		for _, c := range b.Metrics().Counters() {
-			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.Name, Help: c.Help},
-				func() float64 { return float64(c.V.Load()) }))
-		}
-	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Profiles and goroutine dumps (Nodepool's SIGUSR2 stack dump).
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
-		st := map[string]any{"id": p.Settings.ID, "roles": p.Settings.Roles, "nats_connected": p.Conn().IsConnected()}
-		if l := p.Launcher(); l != nil {
-			states := map[kv.NodeState]int{}
-			l.Nodes().Range(func(e *kv.Entry[kv.Node]) bool { states[e.Value.State]++; return true })
-			st["nodes"] = states
-			st["requests"] = l.Requests().Len()
-		}
-		if b := p.Builder(); b != nil {
-			builds := map[kv.ImageState]int{}
-			b.Builds().Range(func(e *kv.Entry[kv.ImageBuild]) bool { builds[e.Value.State]++; return true })
-			uploads := map[kv.ImageState]int{}
-			b.Uploads().Range(func(e *kv.Entry[kv.ImageUpload]) bool { uploads[e.Value.State]++; return true })
-			st["image_builds"], st["image_uploads"] = builds, uploads
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(st)
-	})
-	return mux
+	return config.RedactURLs(s.NatsURL)
 }

@@ -111,11 +111,11 @@ providers:
 	out, _, code := nodepool(t, cli, "list")
 	var line string
 	for l := range strings.SplitSeq(out, "\n") {
-		if strings.HasPrefix(l, id) {
+		if strings.HasPrefix(l, "| "+id+" ") {
 			line = l
 		}
 	}
-	if code != 0 || !strings.Contains(line, " init ") || !strings.Contains(line, "is unreachable") || !strings.Contains(line, host.Addr()) {
+	if code != 0 || !strings.Contains(line, "| init ") || !strings.Contains(line, "is unreachable") || !strings.Contains(line, host.Addr()) {
 		t.Errorf("nodepool list does not show the host's state and reason (code %d):\n%s", code, out)
 	}
 

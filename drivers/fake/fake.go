@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,7 +35,8 @@ const (
 )
 
 // BucketName is the bucket holding a fake cloud's instances.
-func BucketName(cloud string) string { return "fakecloud-" + cloud }
+// A dot, which bucket names cannot hold, is written "_".
+func BucketName(cloud string) string { return "fakecloud-" + strings.ReplaceAll(cloud, ".", "_") }
 
 // InstanceRecord is one instance of the fake cloud, as stored.
 type InstanceRecord struct {
@@ -271,19 +273,16 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 
 func (p *Provider) toInstance(r *InstanceRecord) drivers.Instance {
 	return drivers.Instance{
-		ExternalID:     r.ID,
-		Name:           r.Name,
-		Tags:           r.Tags,
-		Region:         "fake-region",
-		AZ:             "fake-az",
-		InterfaceIP:    r.IPv4,
-		PublicIPv4:     r.IPv4,
-		PrivateIPv4:    r.IPv4,
-		Username:       "zuul",
-		ConnectionType: "ssh",
-		ConnectionPort: 22,
-		ImageID:        r.Image,
-		Resources:      drivers.Resources{Cores: r.Cores, RAM: r.RAM, Instances: 1},
+		ExternalID:  r.ID,
+		Name:        r.Name,
+		Tags:        r.Tags,
+		Region:      "fake-region",
+		AZ:          "fake-az",
+		InterfaceIP: r.IPv4,
+		PublicIPv4:  r.IPv4,
+		PrivateIPv4: r.IPv4,
+		ImageID:     r.Image,
+		Resources:   drivers.Resources{Cores: r.Cores, RAM: r.RAM, Instances: 1},
 	}
 }
 

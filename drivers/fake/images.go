@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,7 +25,9 @@ const (
 )
 
 // ImagesBucketName is the bucket holding a fake cloud's images.
-func ImagesBucketName(cloud string) string { return "fakeimages-" + cloud }
+func ImagesBucketName(cloud string) string {
+	return "fakeimages-" + strings.ReplaceAll(cloud, ".", "_")
+}
 
 // ImageRecord is one image of the fake cloud, as stored. The cloud keeps
 // what it was given (size and digest of the data), not the data.

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -400,8 +401,10 @@ func instanceOf(bn *kv.Node, nodeID, name string, tags map[string]string) driver
 		Region: bn.Region, AZ: bn.AZ,
 		InterfaceIP: bn.InterfaceIP, PublicIPv4: bn.PublicIPv4, PrivateIPv4: bn.PrivateIPv4, PublicIPv6: bn.PublicIPv6,
 		Username: bn.Username, ConnectionType: bn.ConnectionType, ConnectionPort: bn.ConnectionPort,
-		HostKeys:  slices.Clone(bn.HostKeys),
-		Resources: drivers.Resources{Instances: 1},
+		PythonPath: bn.PythonPath, ShellType: bn.ShellType,
+		HostKeys:   slices.Clone(bn.HostKeys),
+		Attributes: maps.Clone(bn.Attributes),
+		Resources:  drivers.Resources{Instances: 1},
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -99,11 +100,12 @@ func (d NodeData) raw() json.RawMessage {
 
 // registration is one node a static pool should have: a slot of a host.
 type registration struct {
-	id   string
-	pool string
-	slot int
-	host config.StaticNode
-	spec string
+	id    string
+	pool  string
+	slot  int
+	host  config.StaticNode
+	attrs map[string]string // the pool's node-attributes
+	spec  string
 }
 
 // NodeID is the fixed id of slot n of a host of a pool. A host is who it is
@@ -113,16 +115,18 @@ func NodeID(provider, pool string, host *config.StaticNode, slot int) string {
 	return fmt.Sprintf("static-%s-%d", hex.EncodeToString(sum[:6]), slot)
 }
 
-// spec digests what a node record takes from its host's configuration
-// (all but max-parallel-jobs, which only adds or removes slots).
-func spec(h *config.StaticNode) string {
+// spec digests what a node record takes from its host's configuration and
+// its pool's node-attributes (all but max-parallel-jobs, which only adds or
+// removes slots).
+func spec(h *config.StaticNode, attrs map[string]string) string {
 	keys := make([]string, 0, len(h.HostKey))
 	for _, k := range h.HostKey {
 		if nk, err := config.ParseHostKey(k); err == nil {
 			keys = append(keys, nk)
 		}
 	}
-	data, _ := json.Marshal([]any{h.Name, []string(h.Labels), h.Username, h.ConnectionType, h.ConnectionPort, keys, h.ChecksHostKey(), h.Timeout.D()})
+	data, _ := json.Marshal([]any{h.Name, []string(h.Labels), h.Username, h.ConnectionType, h.ConnectionPort, keys, h.ChecksHostKey(), h.Timeout.D(),
+		h.PythonPath, h.ShellType, attrs})
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:8])
 }
@@ -132,10 +136,11 @@ func (p *Provider) registrations() map[string]registration {
 	out := map[string]registration{}
 	for _, pool := range p.cfg.Pools {
 		for _, h := range pool.Nodes {
-			sp := spec(&h)
+			attrs := map[string]string(pool.NodeAttributes)
+			sp := spec(&h, attrs)
 			for slot := range h.MaxParallelJobs {
 				id := NodeID(p.cfg.Name, pool.Name, &h, slot)
-				out[id] = registration{id: id, pool: pool.Name, slot: slot, host: h, spec: sp}
+				out[id] = registration{id: id, pool: pool.Name, slot: slot, host: h, attrs: attrs, spec: sp}
 			}
 		}
 	}
@@ -158,7 +163,9 @@ func (r *registration) record(n *kv.Node, provider string) {
 		}
 	}
 	n.Username, n.ConnectionType, n.ConnectionPort = h.Username, h.ConnectionType, h.ConnectionPort
+	n.PythonPath, n.ShellType = h.PythonPath, h.ShellType
 	n.Resources = kv.Resources{}
+	n.Attributes = maps.Clone(r.attrs)
 	if n.Attributes == nil {
 		n.Attributes = map[string]string{}
 	}

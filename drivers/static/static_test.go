@@ -37,7 +37,7 @@ func TestCheckHost(t *testing.T) {
 
 	node := func(s *sshtest.Server, mod func(*config.StaticNode)) *config.StaticNode {
 		t := true
-		n := &config.StaticNode{Name: s.Host, Labels: config.StringList{"a"}, Username: "zuul", ConnectionType: "ssh",
+		n := &config.StaticNode{Name: s.Host, Labels: config.LabelList{"a"}, Username: "zuul", ConnectionType: "ssh",
 			ConnectionPort: s.Port, HostKeyChecking: &t, Timeout: config.Duration(2 * time.Second), MaxParallelJobs: 1}
 		if mod != nil {
 			mod(n)

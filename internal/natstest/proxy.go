@@ -38,23 +38,26 @@ type Publish struct {
 	Subject string
 }
 
-// StartProxy forwards a random local port to a server's client URL
-// (nats://host:port); it stops when the test ends.
-func StartProxy(t testing.TB, serverURL string) *Proxy {
+// StartProxy starts a proxy to a test server; it stops when the test ends.
+func StartProxy(t testing.TB, s *Server) *Proxy {
+	t.Helper()
+	return StartProxyTo(t, s.Addr().String())
+}
+
+// StartProxyTo forwards a random local port to a server's client address
+// (host:port, or a nats:// URL); it stops when the test ends.
+func StartProxyTo(t testing.TB, addr string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(serverURL, "nats://"), conns: map[net.Conn]bool{}}
+	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(addr, "nats://"), conns: map[net.Conn]bool{}}
 	go p.accept()
 	t.Cleanup(func() {
 		_ = ln.Close()
-		p.mu.Lock()
-		for c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
+		p.Cut()
+		p.Restore()
 	})
 	return p
 }

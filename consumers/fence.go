@@ -1,0 +1,136 @@
+package consumers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Fencing. A launch or delete is owned by the process its node's launcher
+// field names, for as long as that process's heartbeat record lives; the
+// record expires a lease TTL after its last renewal, and cleanup then hands
+// the node to another process. So that two processes never drive one
+// machine, a process that has not renewed its heartbeat for two thirds of
+// the TTL (it renews every quarter) stops driving: it cancels every machine, claims nothing and makes no
+// cloud call for a node until a renewal succeeds again. It stops well
+// before the record can expire (and any other process may take over);
+// once it renews again it resumes the nodes that still name it, and a node
+// taken over meanwhile is the new owner's: every write of the old owner is
+// revision-checked against a record that now names another launcher (or
+// another attempt), and before any cloud call a machine checks that the
+// node is still its own.
+
+// errFenced: this process has not renewed its heartbeat in time and drives
+// nothing until it does.
+var errFenced = errors.New("heartbeat not renewed in time; not driving machines")
+
+// fenceAfter is how long without a successful heartbeat makes a process
+// stop driving machines: two thirds of the lease TTL, which leaves a third
+// (3 s of the default 10 s) between the moment it stops and the earliest
+// moment its heartbeat record can expire.
+func (l *Launcher) fenceAfter() time.Duration { return l.opts.LeaseTTL * 2 / 3 }
+
+// beatEvery is the heartbeat's period: a quarter of the lease TTL, so that
+// two renewals in a row may fail or be slow before the process fences
+// itself.
+func (l *Launcher) beatEvery() time.Duration { return l.opts.LeaseTTL / 4 }
+
+// clock is a monotonic time of this process.
+func (l *Launcher) clock() time.Duration { return time.Since(l.born) }
+
+// beaten records a heartbeat that succeeded; sent is when it was sent
+// (the record lives a TTL from when the server stored it, which is later).
+func (l *Launcher) beaten(sent time.Duration) {
+	for {
+		prev := l.lastBeat.Load()
+		if int64(sent) <= prev || l.lastBeat.CompareAndSwap(prev, int64(sent)) {
+			return
+		}
+	}
+}
+
+// fenced reports whether this process must not drive machines now: its
+// last successful heartbeat was sent more than fenceAfter ago.
+func (l *Launcher) fenced() bool {
+	return l.clock()-time.Duration(l.lastBeat.Load()) > l.fenceAfter()
+}
+
+// untilFenced is how long until this process fences itself without a
+// heartbeat.
+func (l *Launcher) untilFenced() time.Duration {
+	return time.Duration(l.lastBeat.Load()) + l.fenceAfter() - l.clock()
+}
+
+// stopMachines cancels every machine running here; they stop at once,
+// without another cloud call. Their nodes keep naming this process: it
+// resumes them if it renews its heartbeat before cleanup hands them over.
+func (lc *lifecycle) stopMachines() {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for _, r := range lc.runs {
+		r.cancel()
+	}
+}
+
+// mayDrive reports whether this process may make a cloud call for a node it
+// drives from a state: it is not fenced and, as far as it has seen, the
+// node is still its own in that state (its own writes are seen at once;
+// another's a moment later, and then the machine is stopped anyway).
+func (lc *lifecycle) mayDrive(id string, state kv.NodeState) bool {
+	if lc.l.fenced() {
+		return false
+	}
+	e, ok := lc.l.nodes.Get(id)
+	return ok && e.Value.State == state && e.Value.Launcher == lc.l.opts.ID
+}
+
+// keepHeartbeat renews the heartbeat every quarter of the TTL (and at once
+// when a pool's pause changes); once a renewal succeeds after the process
+// fenced itself, it resumes the nodes that still name this process.
+func (l *Launcher) keepHeartbeat(ctx context.Context) {
+	t := time.NewTicker(l.beatEvery())
+	defer t.Stop()
+	beat := func() {
+		hctx, cancel := context.WithTimeout(ctx, l.beatEvery())
+		defer cancel()
+		if err := l.heartbeat(hctx); err != nil {
+			if ctx.Err() == nil {
+				l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))
+			}
+			return
+		}
+		if l.fencedOff.CompareAndSwap(true, false) {
+			l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
+			l.lifecycle.wg.Go(func() { l.lifecycle.resumeOwn(ctx) })
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.beat:
+			beat()
+		case <-t.C:
+			beat()
+		}
+	}
+}
+
+// watchFence stops every machine as soon as the process is fenced, and
+// says so once per time.
+func (l *Launcher) watchFence(ctx context.Context) {
+	for wait.Sleep(ctx, max(l.untilFenced(), time.Millisecond)) {
+		if !l.fenced() || l.fencedOff.Swap(true) {
+			if l.fenced() {
+				wait.Sleep(ctx, l.beatEvery()) // already fenced: look again later
+			}
+			continue
+		}
+		l.log.Error("heartbeat not renewed for two thirds of the lease TTL; stopping every machine until it is",
+			"lease_ttl", l.opts.LeaseTTL)
+		l.lifecycle.stopMachines()
+	}
+}

@@ -1,0 +1,99 @@
+package web_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/nodepool-nats/nodepool/events"
+)
+
+// browser starts Debian's chromium headless for a test. The test fails,
+// saying how to install it, where it is missing: a dashboard test that
+// skips proves nothing.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium is not installed: the dashboard test drives it headless; install it with `apt-get install -y chromium` (.ci/run does)")
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()),
+		// Without these, chromium stalls on a machine with no internet.
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	return ctx
+}
+
+// waitJS waits until a JavaScript expression is true in the page.
+func waitJS(t *testing.T, ctx context.Context, what, expr string) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second), chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		page, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("main").innerText`))
+		t.Fatalf("waiting for %s (%s): %v\npage:\n%s", what, expr, err, page)
+	}
+}
+
+// The dashboard in a real browser: a request made during the test appears,
+// moves to fulfilled and disappears; nodes are grouped by provider, pool
+// and label; a hold shows in the attention panel.
+func TestDashboardLive(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, true)
+	ready := s.readyNode("small")
+	ctx := browser(t)
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(s.http.URL+"/dashboard/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the event stream", `document.getElementById("conn").dataset.state === "live"`)
+	waitJS(t, ctx, "the ready node under its provider, pool and label",
+		fmt.Sprintf(`!!document.querySelector('[data-provider="cloud1"] [data-pool="cloud1/main"] [data-label="small"] [data-node-id=%q][data-state="ready"]')`, ready.ID))
+
+	// Record every state the page shows for the request.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`
+		window.seen = [];
+		new MutationObserver(() => {
+			const row = document.querySelector('[data-request-id="dash-1"]');
+			const st = row ? row.dataset.state : "absent";
+			if (window.seen[window.seen.length - 1] !== st) window.seen.push(st);
+		}).observe(document.getElementById("requests"), {childList: true, subtree: true, attributes: true});
+		true`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.Submit(t.Context(), events.RequestMessage{ID: "dash-1", Labels: []string{"slow"}, Requestor: "dashboard-test"}); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the request waiting", `["requested", "pending"].includes(document.querySelector('[data-request-id="dash-1"]')?.dataset.state)`)
+	waitJS(t, ctx, "the request fulfilled", `document.querySelector('[data-request-id="dash-1"]')?.dataset.state === "fulfilled"`)
+	if err := s.client.DeleteRequest(t.Context(), "dash-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the request gone", `!document.querySelector('[data-request-id="dash-1"]')`)
+	seen, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.seen`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) < 3 || seen[len(seen)-2] != "fulfilled" || seen[len(seen)-1] != "absent" {
+		t.Errorf("the page showed the request as %v; want it waiting, then fulfilled, then gone", seen)
+	}
+
+	// A hold is visible at a glance.
+	if _, err := s.client.Hold(t.Context(), ready.ID, "debugging the dashboard", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the held node in the attention panel",
+		fmt.Sprintf(`document.querySelector('#attention [data-node-id=%q]')?.innerText.includes("debugging the dashboard")`, ready.ID))
+}

@@ -1,0 +1,179 @@
+package web_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/client"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/service"
+	"github.com/nodepool-nats/nodepool/web"
+)
+
+// site is a real nodepool process (service.Process, launcher role) on a
+// real nats-server, with its status port served by httptest.
+type site struct {
+	t      *testing.T
+	srv    *natstest.Server
+	p      *service.Process
+	http   *httptest.Server
+	client *client.Client
+	nodes  *kv.Cache[kv.Node]
+	reqs   *kv.Cache[kv.Request]
+	// stop stops the process and the port (once).
+	stop func()
+}
+
+const siteConfig = `
+labels:
+  - name: small
+    min-ready: 1
+  - name: big
+  - name: slow
+providers:
+  - name: cloud1
+    driver: fake
+    boot-delay: 0.2
+    pools:
+      - name: main
+        max-servers: 10
+        labels: [small, big]
+  - name: cloud2
+    driver: fake
+    boot-delay: 1.5
+    pools:
+      - name: far
+        labels: [slow]
+`
+
+func testLog() *slog.Logger {
+	if os.Getenv("NODEPOOL_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startSite starts the process; run false leaves its roles stopped (to
+// see it not ready).
+func startSite(t *testing.T, run bool) *site {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(siteConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	s := config.Settings{NatsURL: srv.ClientURL(), DataDir: t.TempDir(), Roles: []string{config.RoleLauncher},
+		ID: "web-test", Replicas: 1, LeaseTTL: 2 * time.Second, SyncInterval: 500 * time.Millisecond}
+	log := testLog()
+	p, err := service.Start(t.Context(), s, cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	views := web.NewViews(p.JetStream(), p.Buckets(), web.Views{Nodes: p.Launcher().Nodes(),
+		Requests: p.Launcher().Requests(), Components: p.Launcher().Components()}, log)
+	wg.Go(func() { views.Run(ctx) })
+	if run {
+		wg.Go(func() { _ = p.Run(ctx) })
+	}
+	h := web.Handler(web.Options{Views: views, Config: cfg, Ready: p.Ready, Alive: p.Alive, ID: s.ID, Roles: s.Roles,
+		Connected: p.Conn().IsConnected, Log: log})
+	hs := httptest.NewServer(h)
+	c, err := client.New(t.Context(), p.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &site{t: t, srv: srv, p: p, http: hs, client: c,
+		nodes: kv.NewCache(c.Buckets().Nodes, log), reqs: kv.NewCache(c.Buckets().Requests, log)}
+	wg.Go(func() { _ = st.nodes.Run(ctx) })
+	wg.Go(func() { _ = st.reqs.Run(ctx) })
+	st.stop = sync.OnceFunc(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		cancel()
+		wg.Wait()
+		p.Close()
+	})
+	t.Cleanup(st.stop)
+	if run {
+		st.waitFor(30*time.Second, "the process ready", func() bool { return p.Ready() == nil })
+	}
+	return st
+}
+
+// waitFor checks cond on every change of the node and request records, and
+// at least every 50 ms, until the deadline.
+func (s *site) waitFor(timeout time.Duration, what string, cond func() bool) {
+	s.t.Helper()
+	sn, sr := s.nodes.Subscribe(), s.reqs.Subscribe()
+	defer s.nodes.Unsubscribe(sn)
+	defer s.reqs.Unsubscribe(sr)
+	deadline := time.After(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		sn.Drain()
+		sr.Drain()
+		if cond() {
+			return
+		}
+		select {
+		case <-sn.C():
+		case <-sr.C():
+		case <-tick.C:
+		case <-deadline:
+			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+// get fetches a path of the status port with an Accept header.
+func (s *site) get(path, accept string) (int, string, string) {
+	s.t.Helper()
+	req, err := http.NewRequestWithContext(s.t.Context(), http.MethodGet, s.http.URL+path, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil && !errors.Is(err, io.EOF) {
+		s.t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("Content-Type"), string(body)
+}
+
+// readyNode waits for a ready node of a label and returns it.
+func (s *site) readyNode(label string) kv.Node {
+	s.t.Helper()
+	var n kv.Node
+	s.waitFor(30*time.Second, "a ready "+label+" node", func() bool {
+		found := false
+		s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			if e.Value.State == kv.NodeReady && e.Value.HasLabel(label) {
+				n, found = e.Value, true
+			}
+			return !found
+		})
+		return found
+	})
+	return n
+}

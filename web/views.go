@@ -1,0 +1,110 @@
+package web
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/token"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/status"
+)
+
+// Views are the watch caches the web API answers from: the process's own
+// where its roles keep them (a launcher watches nodes, requests and
+// components; a builder the image records), and caches of the web API's
+// own for the rest. They are a status.Source.
+type Views struct {
+	Nodes      *kv.Cache[kv.Node]
+	Requests   *kv.Cache[kv.Request]
+	Components *kv.Cache[kv.Component]
+	Images     *kv.Cache[kv.DiskImage]
+	Builds     *kv.Cache[kv.ImageBuild]
+	Uploads    *kv.Cache[kv.ImageUpload]
+
+	js  jetstream.JetStream
+	own []interface {
+		Run(context.Context) error
+	}
+}
+
+// NewViews completes shared (the caches the process's roles keep, any of
+// them nil) with caches of its own over the buckets; Run runs those.
+func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Logger) *Views {
+	v := shared
+	v.js, v.own = js, nil
+	img := kv.NewImageStores(b.Images)
+	own(&v, &v.Nodes, b.Nodes, log)
+	own(&v, &v.Requests, b.Requests, log)
+	own(&v, &v.Components, b.Components, log)
+	own(&v, &v.Images, img.Images, log)
+	own(&v, &v.Builds, img.Builds, log)
+	own(&v, &v.Uploads, img.Uploads, log)
+	return &v
+}
+
+// own makes a cache of the web API's own where the process has none.
+func own[T any](v *Views, c **kv.Cache[T], s *kv.Store[T], log *slog.Logger) {
+	if *c == nil {
+		*c = kv.NewCache(s, log)
+		v.own = append(v.own, *c)
+	}
+}
+
+// Run keeps the caches of the web API's own up to date until ctx ends.
+func (v *Views) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, c := range v.own {
+		wg.Go(func() { _ = c.Run(ctx) })
+	}
+	wg.Wait()
+}
+
+func values[T any](c *kv.Cache[T]) []T {
+	out := make([]T, 0, c.Len())
+	c.Range(func(e *kv.Entry[T]) bool {
+		out = append(out, e.Value)
+		return true
+	})
+	return out
+}
+
+// Source reads the tables' records from the caches.
+func (v *Views) Source() status.Source { return cacheSource{v} }
+
+type cacheSource struct{ v *Views }
+
+func (s cacheSource) Nodes(context.Context) ([]kv.Node, error) { return values(s.v.Nodes), nil }
+
+func (s cacheSource) Requests(context.Context) ([]kv.Request, error) {
+	return values(s.v.Requests), nil
+}
+
+func (s cacheSource) Components(context.Context) ([]kv.Component, error) {
+	return values(s.v.Components), nil
+}
+
+func (s cacheSource) DiskImages(context.Context) ([]kv.DiskImage, error) {
+	out := make([]kv.DiskImage, 0, s.v.Images.Len())
+	s.v.Images.Range(func(e *kv.Entry[kv.DiskImage]) bool {
+		d := e.Value
+		if d.Name == "" {
+			d.Name = token.Decode(e.Key)
+		}
+		out = append(out, d)
+		return true
+	})
+	return out, nil
+}
+
+func (s cacheSource) Builds(context.Context) ([]kv.ImageBuild, error) { return values(s.v.Builds), nil }
+
+func (s cacheSource) Uploads(context.Context) ([]kv.ImageUpload, error) {
+	return values(s.v.Uploads), nil
+}
+
+func (s cacheSource) BuildRequests(ctx context.Context) (map[string]int, error) {
+	return status.BuildRequests(ctx, s.v.js)
+}
