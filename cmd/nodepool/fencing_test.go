@@ -13,22 +13,33 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
+// fencingConfig: cloud1's launches take 12 s to boot and give up after 10 s
+// (a trap: a launch resumed by another launcher after 2 s or more boots in
+// time; the launcher that started it, were it still driving, would give
+// it up and delete its instance while the other drives it). cloud2 serves
+// the requests made after that.
 const fencingConfig = `
-labels: [{name: small}]
+labels: [{name: small}, {name: other}]
 providers:
   - name: cloud1
     driver: fake
-    boot-delay: 5
-    launch-retries: 1
+    boot-delay: 12
+    boot-timeout: 10
+    launch-retries: 2
     pools: [{name: main, max-servers: 10, labels: [small]}]
+  - name: cloud2
+    driver: fake
+    boot-delay: 0.2
+    pools: [{name: main, max-servers: 10, labels: [other]}]
 `
 
 // A launcher cut off from NATS for longer than its lease, in the middle of
 // its launches, while another launcher takes them over; then it comes
-// back. From the moment the other launcher owns a node, the cut-off one
-// sends nothing that changes the node or its instance: it stopped driving
-// its machines before they could be taken over, and what it had on its
-// way is not delivered late. Every launch ends once, by its new owner.
+// back while the other still drives them. As long as the other launcher
+// owns a launch, the cut-off one sends nothing that changes the node or
+// its instance: it stopped driving its machines before they could be
+// taken over, and what it had on its way is not delivered late. Every
+// launch ends once, by its new owner.
 //
 // The cut-off launcher reaches NATS through a proxy that sees what it
 // publishes, as the server receives it. Two ways to lose NATS: its
@@ -67,10 +78,13 @@ func testFencing(t *testing.T, mode string) {
 		cleanup:    20 * time.Second, stuck: 60 * time.Second, vanished: 3 * time.Second,
 	})
 
-	// Who owns each node, and since when; which instances each node had.
+	// When launcher-2 drove each node (from when it was first seen owning
+	// it building, to when it was first seen otherwise), and which
+	// instances each node had.
+	type window struct{ from, to time.Time }
 	var mu sync.Mutex
-	takenOver := map[string]time.Time{} // node: when launcher-2 was first seen owning it
-	instances := map[string][]string{}  // node: its instances
+	drove := map[string]*window{}
+	instances := map[string][]string{}
 	sn, si := rec.nodes.Subscribe(), rec.instances.Subscribe()
 	watchCtx, stopWatch := context.WithCancel(t.Context())
 	watchDone := make(chan struct{})
@@ -86,11 +100,15 @@ func testFencing(t *testing.T, mode string) {
 			case <-si.C():
 			}
 			mu.Lock()
+			now := time.Now()
 			for _, ch := range sn.Drain() {
-				if ch.New != nil && ch.New.Value.Launcher == "launcher-2" {
-					if _, ok := takenOver[ch.Key]; !ok {
-						takenOver[ch.Key] = time.Now()
-					}
+				w := drove[ch.Key]
+				driving := ch.New != nil && ch.New.Value.Launcher == "launcher-2" && ch.New.Value.State == kv.NodeBuilding
+				switch {
+				case w == nil && driving:
+					drove[ch.Key] = &window{from: now}
+				case w != nil && w.to.IsZero() && !driving:
+					w.to = now
 				}
 			}
 			for _, ch := range si.Drain() {
@@ -108,14 +126,14 @@ func testFencing(t *testing.T, mode string) {
 	defer cancel()
 	var wg sync.WaitGroup
 	outcomes := make(chan outcome, 10)
-	submit := func(from, n int) {
+	submit := func(from, n int, label string) {
 		for i := from; i < from+n; i++ {
 			id := fmt.Sprintf("r%d", i)
-			wg.Go(func() { outcomes <- req.run(ctx, id, []string{"small"}, 100, 0) })
+			wg.Go(func() { outcomes <- req.run(ctx, id, []string{label}, 100, 0) })
 		}
 	}
 	const n = 4
-	submit(0, n)
+	submit(0, n, "small")
 	rec.until(60*time.Second, "every launch booting under launcher-1", func() bool {
 		owned := 0
 		rec.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
@@ -138,12 +156,11 @@ func testFencing(t *testing.T, mode string) {
 	rec.until(60*time.Second, "launcher-2 owning every launch", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(takenOver) >= n
+		return len(drove) >= n
 	})
 	t.Logf("launcher-2 owns every launch %s after launcher-1 lost NATS", time.Since(cutAt).Round(time.Millisecond))
-	rec.until(60*time.Second, "every request fulfilled", func() bool { return audit.fulfilledCount() >= n })
 
-	// launcher-1 comes back, and the system goes on with it.
+	// launcher-1 comes back while launcher-2 still drives its launches.
 	proxy.Restore()
 	comps := rec.client.Buckets().Components
 	deadline := time.Now().Add(60 * time.Second)
@@ -156,7 +173,18 @@ func testFencing(t *testing.T, mode string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	submit(n, 2)
+	rec.until(60*time.Second, "every request fulfilled", func() bool { return audit.fulfilledCount() >= n })
+	mu.Lock()
+	for nid, w := range drove {
+		if e, ok := rec.nodes.Get(nid); ok && e.Value.Launcher != "launcher-2" {
+			t.Errorf("node %s was launched by %s, not by launcher-2 that took it over", nid, e.Value.Launcher)
+		}
+		if w.to.IsZero() {
+			t.Errorf("launcher-2 still drives node %s", nid)
+		}
+	}
+	mu.Unlock()
+	submit(n, 2, "other")
 	wg.Wait()
 	close(outcomes)
 	for o := range outcomes {
@@ -168,21 +196,19 @@ func testFencing(t *testing.T, mode string) {
 	stopWatch()
 	<-watchDone
 
-	// From launcher-1, nothing that changes a node launcher-2 took over,
-	// or any instance of it, once launcher-2 owned it.
+	// From launcher-1, nothing that changes a node launcher-2 drove, or
+	// any instance of it, while launcher-2 drove it.
 	mu.Lock()
 	defer mu.Unlock()
-	late := 0
 	for _, pub := range proxy.Published() {
-		for nid, since := range takenOver {
+		for nid, w := range drove {
 			touched := pub.Subject == "$KV."+kv.BucketNodes+"."+nid
 			for _, inst := range instances[nid] {
 				touched = touched || pub.Subject == "$KV."+fake.BucketName("cloud1")+"."+inst
 			}
-			if touched && pub.Time.After(since) {
-				late++
-				t.Errorf("launcher-1 sent %s at %s, %s after launcher-2 owned node %s", pub.Subject,
-					pub.Time.Format("15:04:05.000"), pub.Time.Sub(since).Round(time.Millisecond), nid)
+			if touched && pub.Time.After(w.from) && (w.to.IsZero() || pub.Time.Before(w.to)) {
+				t.Errorf("launcher-1 sent %s at %s, %s after launcher-2 took node %s over and before it was done with it",
+					pub.Subject, pub.Time.Format("15:04:05.000"), pub.Time.Sub(w.from).Round(time.Millisecond), nid)
 			}
 		}
 	}
