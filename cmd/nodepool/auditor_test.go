@@ -180,11 +180,15 @@ func (a *auditor) check(now time.Time) {
 	rec.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
 		total++
 		inst := &e.Value
-		pool := inst.Tags[drivers.TagPool]
-		perPool[pool]++
 		key := "leak/" + e.Key
 		live[key] = true
-		if a.lasting(key, leakedInstance(inst, rec.nodes.Get), now, a.lim.cleanup) {
+		leaked := leakedInstance(inst, rec.nodes.Get)
+		if !leaked {
+			// A leaked instance is no node's: nodepool counts nodes
+			// against max-servers (the leak check bounds the others).
+			perPool[inst.Tags[drivers.TagPool]]++
+		}
+		if a.lasting(key, leaked, now, a.lim.cleanup) {
 			a.violate(key, "instance %s (node %s) leaked for longer than %s", e.Key, inst.Tags[drivers.TagNode], a.lim.cleanup)
 		}
 		return true
@@ -195,7 +199,7 @@ func (a *auditor) check(now time.Time) {
 	}
 	for pool, n := range perPool {
 		if limit, ok := a.lim.maxServers[pool]; ok && n > limit {
-			a.violate(fmt.Sprintf("pool-instances/%s/%d", pool, n), "%d instances of pool %s, max-servers %d", n, pool, limit)
+			a.violate(fmt.Sprintf("pool-instances/%s/%d", pool, n), "%d instances of nodes of pool %s, max-servers %d:\n%s", n, pool, limit, a.poolNodes(pool))
 		}
 	}
 	// Node records: within max-servers; none stuck; none ready, in use
@@ -296,13 +300,19 @@ func (a *auditor) poolNodes(pool string) string {
 	})
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Created.Before(nodes[j].Created) })
 	var b strings.Builder
+	a.rec.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+		if e.Value.Tags[drivers.TagPool] == pool {
+			fmt.Fprintf(&b, "    instance %s of node %s (token %s) created %s\n", e.Key, e.Value.Tags[drivers.TagNode], e.Value.Token, e.Value.Created.Format("15:04:05.000"))
+		}
+		return true
+	})
 	for _, n := range nodes {
 		listed := false
 		if r, ok := a.rec.requests.Get(n.AllocatedTo); ok {
 			listed = slices.Contains(r.Value.Nodes, n.ID)
 		}
-		fmt.Fprintf(&b, "    %s %s created %s state_time %s alloc=%q (listed %v) launcher=%q\n", n.ID, n.State,
-			n.Created.Format("15:04:05.000"), n.StateTime.Format("15:04:05.000"), n.AllocatedTo, listed, n.Launcher)
+		fmt.Fprintf(&b, "    %s %s created %s state_time %s alloc=%q (listed %v) launcher=%q ext=%q\n", n.ID, n.State,
+			n.Created.Format("15:04:05.000"), n.StateTime.Format("15:04:05.000"), n.AllocatedTo, listed, n.Launcher, n.ExternalID)
 	}
 	return b.String()
 }

@@ -105,7 +105,9 @@ func TestClusterNodesLeaderKilled(t *testing.T) {
 	rec.until(3*time.Minute, "requests fulfilled without the killed server", func() bool { return audit.fulfilledCount() >= before+40 })
 	next := c.WaitStreamLeader(stream, 30*time.Second)
 	t.Logf("%s leads %s now; %d fulfilled; restarting %s", c.Name(next), stream, audit.fulfilledCount(), c.Name(leader))
-	c.Restart(leader)
+	if err := c.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
 
 	wg.Wait()
 	close(outcomes)

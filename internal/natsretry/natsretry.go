@@ -30,6 +30,7 @@ const maxWait = 2 * time.Second
 // permission) is not.
 func Transient(err error) bool {
 	var apiErr *jetstream.APIError
+	var legacyErr nats.JetStreamError // KV watches still speak the older API
 	switch {
 	case err == nil:
 		return false
@@ -41,6 +42,8 @@ func Transient(err error) bool {
 	case errors.As(err, &apiErr):
 		// 503: JetStream, or the stream's group, has no leader right now.
 		return apiErr.Code == 503
+	case errors.As(err, &legacyErr):
+		return legacyErr.APIError() != nil && legacyErr.APIError().Code == 503
 	}
 	return false
 }

@@ -68,7 +68,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	// JetStream in a cluster waits for its peers to start: start them all
 	// before waiting on any.
 	for i := range c.members {
-		c.start(i)
+		if err := c.start(i); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -85,20 +87,21 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-func (c *Cluster) start(i int) {
-	c.t.Helper()
+func (c *Cluster) start(i int) error {
 	m := c.members[i]
 	ns, err := server.NewServer(m.opts.Clone())
 	if err != nil {
-		c.t.Fatalf("starting nats-server %s: %v", m.opts.ServerName, err)
+		return fmt.Errorf("starting nats-server %s: %w", m.opts.ServerName, err)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(30 * time.Second) {
-		c.t.Fatalf("nats-server %s did not start", m.opts.ServerName)
+		ns.Shutdown()
+		return fmt.Errorf("nats-server %s did not start", m.opts.ServerName)
 	}
 	c.mu.Lock()
 	m.ns = ns
 	c.mu.Unlock()
+	return nil
 }
 
 // freePorts finds n ports nothing listens on, holding them all open at
@@ -152,27 +155,26 @@ func (c *Cluster) Server(i int) *server.Server {
 // Name is member i's server name.
 func (c *Cluster) Name(i int) string { return c.members[i].opts.ServerName }
 
-// Stop shuts member i down (as a crash would, its store stays).
+// Stop shuts member i down (as a crash would, its store stays). It may be
+// called from any goroutine; stopping a stopped member does nothing.
 func (c *Cluster) Stop(i int) {
-	c.t.Helper()
 	c.mu.Lock()
 	ns := c.members[i].ns
 	c.members[i].ns = nil
 	c.mu.Unlock()
-	if ns == nil {
-		c.t.Fatalf("nats-server %s is not running", c.Name(i))
+	if ns != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
 	}
-	ns.Shutdown()
-	ns.WaitForShutdown()
 }
 
-// Restart starts a stopped member again on its store and ports.
-func (c *Cluster) Restart(i int) {
-	c.t.Helper()
+// Restart starts a stopped member again on its store and ports. It may
+// be called from any goroutine.
+func (c *Cluster) Restart(i int) error {
 	if c.Server(i) != nil {
-		c.t.Fatalf("nats-server %s is running", c.Name(i))
+		return fmt.Errorf("nats-server %s is running", c.Name(i))
 	}
-	c.start(i)
+	return c.start(i)
 }
 
 // Running lists the members that run.

@@ -45,7 +45,9 @@ func TestClusterLeaderStopAndRestart(t *testing.T) {
 		t.Fatalf("stream leader is still the stopped member %d", leader)
 	}
 	publish(10)
-	c.Restart(leader)
+	if err := c.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
 	c.WaitHealthy(60 * time.Second)
 	for _, i := range c.Running() {
 		nc, err := nats.Connect(c.URL(i))
