@@ -40,22 +40,22 @@ type CloudRun struct {
 	// (rate limited) so far.
 	Calls   func() (calls, refused int)
 	Servers func() int
-	Stop    func()
+	// Times are when each server (by id) was created and became ACTIVE,
+	// by the cloud's clock (nil: the cloud does not say, and the phases
+	// of a launch are not reported).
+	Times func() map[string][2]time.Time
+	Stop  func()
 }
 
 // CloudTargets are the clouds the cloud scenario knows, by name.
 var CloudTargets = map[string]CloudTarget{
-	"aws": awsTarget,
+	"openstack": openstackTarget,
+	"aws":       awsTarget,
 }
 
 // defaultCloud is the cloud of the cloud scenario when --cloud is not
-// given: openstack, when this build has its target.
-func defaultCloud() string {
-	if _, ok := CloudTargets["openstack"]; ok {
-		return "openstack"
-	}
-	return "aws"
-}
+// given.
+func defaultCloud() string { return "openstack" }
 
 func cloudNames() string {
 	var names []string
@@ -128,8 +128,9 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 	var res Result
 	err = withSystem(ctx, oo, target.Config(n, rate), launchers, func(s *System) error {
 		calls0, refused0 := cloud.Calls()
+		var phases map[string]float64
 		var err error
-		res, err = batch(ctx, s, "cloud", n, 30*time.Minute)
+		res, phases, err = cloudBatch(ctx, s, cloud, n)
 		if err != nil {
 			return err
 		}
@@ -145,7 +146,74 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 			"servers_left":        float64(cloud.Servers()),
 			"makespan_over_floor": res.Makespan.Seconds() / floor.Seconds(),
 		}
+		for k, v := range phases {
+			res.Extra[k] = v
+		}
 		return nil
 	})
 	return res, err
+}
+
+// cloudBatch is batch, plus where each launch's time went, from the node
+// records (created, ready) and the cloud's servers (created, ACTIVE):
+// request to node record, node record to the server's create call, the
+// boot, ACTIVE to the node ready, ready to the request fulfilled (p50s,
+// in ms).
+func cloudBatch(ctx context.Context, s *System, cloud CloudRun, n int) (Result, map[string]float64, error) {
+	t := newTracker()
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := t.watch(tctx, s.Client); err != nil {
+		return Result{}, nil, err
+	}
+	ids, sent, err := publish(ctx, s.JS, fmt.Sprintf("cloud%d", time.Now().UnixNano()), single(n))
+	if err != nil {
+		return Result{}, nil, err
+	}
+	reqs, err := waitDone(ctx, t, ids, 30*time.Minute)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	lat, first, last := latencies(t, ids, sent)
+	times := map[string][2]time.Time{}
+	if cloud.Times != nil {
+		times = cloud.Times()
+	}
+	var toRecord, toCreate, boot, toReady, toFulfilled []time.Duration
+	t.mu.Lock()
+	for _, r := range reqs {
+		if len(r.Nodes) != 1 {
+			continue
+		}
+		nd, ok := t.nodes[r.Nodes[0]]
+		st, sok := times[nd.ExternalID]
+		if !ok || !sok || st[1].IsZero() {
+			continue
+		}
+		toRecord = append(toRecord, nd.Created.Sub(sent[r.ID]))
+		toCreate = append(toCreate, st[0].Sub(nd.Created))
+		boot = append(boot, st[1].Sub(st[0]))
+		toReady = append(toReady, nd.StateTime.Sub(st[1]))
+		toFulfilled = append(toFulfilled, t.done[r.ID].Sub(nd.StateTime))
+	}
+	t.mu.Unlock()
+	ms := func(ds []time.Duration) float64 { return float64(Summarise(ds).P50) / float64(time.Millisecond) }
+	phases := map[string]float64{}
+	if len(boot) > 0 {
+		phases = map[string]float64{
+			"request_to_record_p50_ms": ms(toRecord), "record_to_create_p50_ms": ms(toCreate), "boot_p50_ms": ms(boot),
+			"active_to_ready_p50_ms": ms(toReady), "ready_to_fulfilled_p50_ms": ms(toFulfilled),
+		}
+	}
+	nodes, err := takeAll(ctx, s.Client, reqs)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	cleanup, err := giveBack(ctx, s, t, nodes)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	res := Result{Requests: n, Makespan: last.Sub(first), Throughput: float64(n) / last.Sub(first).Seconds(), Latency: lat, Cleanup: cleanup}
+	finish(ctx, s, &res)
+	return res, phases, nil
 }

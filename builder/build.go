@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // trigger reads a trigger message's metadata and returns drop, which
@@ -28,7 +30,7 @@ func (b *Builder) trigger(ctx context.Context, msg jetstream.Msg, kind string) (
 	}
 	drop := func(level slog.Level, why string, args ...any) {
 		b.log.Log(ctx, level, why, append([]any{"subject", msg.Subject(), "seq", meta.Sequence.Stream}, args...)...)
-		b.metrics.TriggersDropped.Add(1)
+		b.metrics.TriggerDropped()
 		_ = msg.Ack()
 	}
 	return meta, drop, true
@@ -58,10 +60,10 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 		drop(slog.LevelError, "dropping a build trigger", "err", err)
 		return
 	}
-	di, ok := b.cfg.Diskimage(image)
+	di, ok := b.config().Diskimage(image)
 	if !ok || di.Abstract {
 		drop(slog.LevelError, "dropping a build trigger: no such image in the configuration (or it is abstract)",
-			"image", image, "images", b.cfg.DiskimageNames())
+			"image", image, "images", b.config().DiskimageNames())
 		return
 	}
 	log := b.log.With("image", image, "trigger", meta.Sequence.Stream, "reason", m.Reason)
@@ -197,7 +199,6 @@ func (b *Builder) startBuild(ctx context.Context, di *config.Diskimage, formats 
 	if err != nil {
 		return e, err
 	}
-	b.metrics.BuildsStarted.Add(1)
 	return e, nil
 }
 
@@ -211,6 +212,7 @@ func (b *Builder) runBuild(ctx context.Context, msg jetstream.Msg, lease *kv.Lea
 	stop := b.keepAlive(ctx, msg, lease, cancel)
 	defer stop()
 
+	started := time.Now()
 	tctx, tcancel := context.WithTimeout(bctx, di.BuildTimeout.D())
 	paths, err := b.runDib(tctx, di, &build, build.Formats)
 	tcancel()
@@ -254,18 +256,32 @@ func (b *Builder) runBuild(ctx context.Context, msg jetstream.Msg, lease *kv.Lea
 	switch {
 	case interrupted:
 		log.Warn("build interrupted; handing its trigger back", "err", err)
-		b.metrics.BuildsFailed.Add(1)
+		b.metrics.BuildEnded(build.Image, metrics.ImageInterrupted, exitCode(err), time.Since(started), nil)
 		_ = msg.Nak()
 		return
 	case err != nil:
 		log.Warn("build failed", "err", err)
-		b.metrics.BuildsFailed.Add(1)
+		b.metrics.BuildEnded(build.Image, metrics.ImageFailed, exitCode(err), time.Since(started), nil)
 	default:
 		log.Info("build ready", "size", size)
-		b.metrics.BuildsReady.Add(1)
+		sizes := map[string]int64{}
+		for f, file := range files {
+			sizes[f] = file.Size
+		}
+		b.metrics.BuildEnded(build.Image, metrics.ImageReady, 0, time.Since(started), sizes)
 		b.triggerUploads(wctx, di.Name, build.ID)
 	}
 	_ = msg.Ack()
+}
+
+// exitCode is a failed build's exit status: diskimage-builder's own when
+// it ran and failed, 1 otherwise.
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() > 0 {
+		return ee.ExitCode()
+	}
+	return 1
 }
 
 // errLost means a record is no longer this run's to change.
@@ -274,7 +290,7 @@ var errLost = errors.New("no longer owned by this builder")
 // triggerUploads publishes an upload trigger for each provider that takes
 // a new build.
 func (b *Builder) triggerUploads(ctx context.Context, image, build string) {
-	for _, p := range b.cfg.ImageProviders(image) {
+	for _, p := range b.config().ImageProviders(image) {
 		if _, ok := b.imageProvider(p.Name); !ok {
 			continue
 		}

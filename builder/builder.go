@@ -15,15 +15,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/token"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,6 +36,7 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // Worker groups (durable consumers of the NODEPOOL_BUILDS stream) and the
@@ -94,12 +97,16 @@ type Options struct {
 	Register bool
 	Version  string
 	Log      *slog.Logger
+	// Metrics is the process's metrics registry (nil: a private one).
+	Metrics *metrics.Registry
 }
 
 // Builder is one process's share of the builder's worker groups.
 type Builder struct {
-	opts  Options
-	cfg   *config.Config
+	opts Options
+	// live is the configuration in force and its drivers; a reload swaps
+	// it whole.
+	live  atomic.Pointer[liveConfig]
 	js    jetstream.JetStream
 	b     *kv.Buckets
 	img   *kv.ImageStores
@@ -118,7 +125,7 @@ type Builder struct {
 	mu     sync.Mutex
 	active map[string]bool // builds and uploads running in this process
 
-	metrics *Metrics
+	metrics *metrics.Builder
 
 	// up is true while every worker group of this builder is running.
 	up atomic.Bool
@@ -164,18 +171,55 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	runID := opts.ID + "#" + hex.EncodeToString(nonce[:])
 	log := opts.Log.With("builder", opts.ID)
 	img := kv.NewImageStores(b.Images)
-	return &Builder{
-		opts: opts, cfg: opts.Config, js: js, b: b, img: img, log: log, runID: runID,
+	bl := &Builder{
+		opts: opts, js: js, b: b, img: img, log: log, runID: runID,
 		images:  kv.NewCache(img.Images, log),
 		builds:  kv.NewCache(img.Builds, log),
 		uploads: kv.NewCache(img.Uploads, log),
 		active:  map[string]bool{},
-		metrics: &Metrics{},
-	}, nil
+	}
+	bl.live.Store(&liveConfig{cfg: opts.Config, providers: opts.Providers})
+	bl.metrics = metrics.NewBuilder(opts.Metrics, bl.workers)
+	return bl, nil
 }
 
-// Metrics returns the builder's counters.
-func (b *Builder) Metrics() *Metrics { return b.metrics }
+// liveConfig is a configuration and its drivers.
+type liveConfig struct {
+	cfg       *config.Config
+	providers map[string]drivers.Provider
+}
+
+// config is the configuration in force.
+func (b *Builder) config() *config.Config { return b.live.Load().cfg }
+
+// providers are the drivers of the configuration in force.
+func (b *Builder) providers() map[string]drivers.Provider { return b.live.Load().providers }
+
+// Reload makes a new configuration and its drivers the builder's: the
+// scheduler's next pass schedules by its diskimages and providers; builds
+// and uploads in flight finish with what they started with.
+func (b *Builder) Reload(cfg *config.Config, providers map[string]drivers.Provider) {
+	b.live.Store(&liveConfig{cfg: cfg, providers: providers})
+	b.log.Info("builder configuration reloaded", "images", len(cfg.DiskimageNames()))
+}
+
+// Metrics returns the builder's series.
+func (b *Builder) Metrics() *metrics.Builder { return b.metrics }
+
+// workers counts the workers and what they do now.
+func (b *Builder) workers() metrics.Workers {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := metrics.Workers{Builds: b.opts.BuildWorkers, Uploads: b.opts.UploadWorkers}
+	for k := range b.active {
+		if strings.HasPrefix(k, "build/") {
+			w.BusyBuilds++
+		} else {
+			w.BusyUploads++
+		}
+	}
+	return w
+}
 
 // Builds is the builder's view of the build records.
 func (b *Builder) Builds() *kv.Cache[kv.ImageBuild] { return b.builds }
@@ -255,7 +299,7 @@ func (b *Builder) Run(ctx context.Context) error {
 	wg.Go(func() { lease.Elect(ctx, sched.run) })
 
 	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,
-		"images", len(b.cfg.DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
+		"images", len(b.config().DiskimageNames()), "images_dir", b.opts.ImagesDir, "build_log_dir", b.opts.BuildLogDir)
 	b.up.Store(true)
 	<-ctx.Done()
 	b.up.Store(false)
@@ -347,18 +391,32 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 // runs already (another worker of this process has it).
 func (b *Builder) claim(key string) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.active[key] {
+		b.mu.Unlock()
 		return false
 	}
 	b.active[key] = true
+	b.mu.Unlock()
+	b.workersChanged(key, true)
 	return true
 }
 
 func (b *Builder) unclaim(key string) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	delete(b.active, key)
+	b.mu.Unlock()
+	b.workersChanged(key, false)
+}
+
+// workersChanged tells statsd what the workers do now.
+func (b *Builder) workersChanged(key string, busy bool) {
+	parts := strings.Split(key, "/")
+	switch {
+	case len(parts) == 2:
+		b.metrics.WorkersChanged(parts[1], "", busy)
+	case len(parts) >= 3:
+		b.metrics.WorkersChanged(parts[1], strings.Join(parts[2:], "/"), busy)
+	}
 }
 
 func (b *Builder) running(key string) bool {
@@ -387,8 +445,7 @@ func (b *Builder) paused(di *config.Diskimage) bool {
 
 // imageProvider returns the driver of a provider if it takes images.
 func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
-	ip, ok := b.opts.Providers[name].(drivers.ImageProvider)
-	return ip, ok
+	return drivers.As[drivers.ImageProvider](b.providers()[name])
 }
 
 // formats lists the formats a build of the image must have: those of its
@@ -396,7 +453,7 @@ func (b *Builder) imageProvider(name string) (drivers.ImageProvider, bool) {
 // provider lists and with no formats is not built (as in Nodepool).
 func (b *Builder) formats(di *config.Diskimage) []string {
 	out := slices.Clone(di.Formats)
-	for _, p := range b.cfg.ImageProviders(di.Name) {
+	for _, p := range b.config().ImageProviders(di.Name) {
 		if ip, ok := b.imageProvider(p.Name); ok {
 			out = append(out, ip.ImageFormat())
 		}

@@ -62,7 +62,7 @@ func (b *Builder) runDib(ctx context.Context, di *config.Diskimage, build *kv.Im
 			args[0] = abs
 		}
 	}
-	env := b.cfg.Env(di)
+	env := b.config().Env(di)
 
 	b.pruneLogs(build.Image)
 	logf, err := os.OpenFile(build.Log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
@@ -71,7 +71,7 @@ func (b *Builder) runDib(ctx context.Context, di *config.Diskimage, build *kv.Im
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "# nodepool: build %s-%s by %s, started %s\n# command: %s\n# environment (besides the builder's): %s\n",
-		build.Image, build.ID, b.opts.ID, time.Now().UTC().Format(time.RFC3339), strings.Join(args, " "), strings.Join(b.cfg.LoggedEnv(di), " "))
+		build.Image, build.ID, b.opts.ID, time.Now().UTC().Format(time.RFC3339), strings.Join(args, " "), strings.Join(b.config().LoggedEnv(di), " "))
 
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = dir
@@ -139,7 +139,7 @@ func logTail(path string, n int) string {
 // pruneLogs removes an image's oldest build logs so that
 // build-log-retention remain besides the one a build is about to write.
 func (b *Builder) pruneLogs(image string) {
-	keep := *b.cfg.BuildLogRetention
+	keep := *b.config().BuildLogRetention
 	if keep < 0 {
 		return
 	}

@@ -28,13 +28,13 @@ func (s *scheduler) deleteAfterUpload(ctx context.Context, builds map[string][]k
 		}
 	}
 	for image, list := range builds {
-		di, ok := b.cfg.Diskimage(image)
+		di, ok := b.config().Diskimage(image)
 		if !ok || !di.DeleteAfterUpload {
 			continue
 		}
 		// The providers that take each format.
 		takers := map[string][]string{}
-		for _, p := range b.cfg.ImageProviders(image) {
+		for _, p := range b.config().ImageProviders(image) {
 			if pd, _ := p.Diskimage(image); pd.Pause {
 				continue
 			}

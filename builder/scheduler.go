@@ -124,8 +124,8 @@ func (s *scheduler) publish(key string, fn func() error) {
 func (s *scheduler) scheduleBuilds(ctx context.Context, builds map[string][]kv.ImageBuild) {
 	b := s.b
 	now := time.Now()
-	for _, name := range b.cfg.DiskimageNames() {
-		di, _ := b.cfg.Diskimage(name)
+	for _, name := range b.config().DiskimageNames() {
+		di, _ := b.config().Diskimage(name)
 		formats := b.formats(di)
 		if b.paused(di) || len(formats) == 0 {
 			continue
@@ -193,12 +193,12 @@ func (s *scheduler) scheduleBuilds(ctx context.Context, builds map[string][]kv.I
 func (s *scheduler) scheduleUploads(ctx context.Context, builds map[string][]kv.ImageBuild, uploads []kv.ImageUpload) {
 	b := s.b
 	now := time.Now()
-	for _, name := range b.cfg.DiskimageNames() {
+	for _, name := range b.config().DiskimageNames() {
 		entries := make([]kv.Entry[kv.ImageBuild], 0, len(builds[name]))
 		for _, bl := range builds[name] {
 			entries = append(entries, kv.Entry[kv.ImageBuild]{Value: bl})
 		}
-		for _, p := range b.cfg.ImageProviders(name) {
+		for _, p := range b.config().ImageProviders(name) {
 			drv, ok := b.imageProvider(p.Name)
 			if pd, _ := p.Diskimage(name); !ok || pd.Pause {
 				continue
@@ -274,7 +274,7 @@ func (s *scheduler) retain(ctx context.Context, builds map[string][]kv.ImageBuil
 	buildState := map[string]kv.ImageState{}
 	newestReady := map[string]string{}
 	for image, list := range builds {
-		di, ok := b.cfg.Diskimage(image)
+		di, ok := b.config().Diskimage(image)
 		configured := ok && !di.Abstract
 		ready, failed := 0, 0
 		for _, bl := range list {
@@ -312,9 +312,9 @@ func (s *scheduler) retain(ctx context.Context, builds map[string][]kv.ImageBuil
 		state, buildExists := buildState[kv.BuildKey(u.Image, u.BuildID)]
 		buildGoes := !buildExists || state == kv.ImageDeleting
 		listed := false
-		if p, ok := b.cfg.Provider(u.Provider); ok {
+		if p, ok := b.config().Provider(u.Provider); ok {
 			if _, ok := p.Diskimage(u.Image); ok {
-				di, _ := b.cfg.Diskimage(u.Image)
+				di, _ := b.config().Diskimage(u.Image)
 				listed = di != nil && !di.Abstract
 			}
 		}
@@ -403,7 +403,7 @@ func (s *scheduler) spawn(ctx context.Context, key string, fn func(context.Conte
 func (s *scheduler) deleteUpload(ctx context.Context, u kv.ImageUpload) {
 	b := s.b
 	key := u.Key()
-	_, configured := b.cfg.Provider(u.Provider)
+	_, configured := b.config().Provider(u.Provider)
 	if drv, ok := b.imageProvider(u.Provider); ok && configured {
 		if u.ExternalID != "" {
 			if err := drv.DeleteImage(ctx, u.ExternalID); err != nil {
@@ -432,13 +432,13 @@ func (s *scheduler) deleteUpload(ctx context.Context, u kv.ImageUpload) {
 		e.Value.SetState(kv.ImageDeleted, time.Now().UTC())
 		if _, err := b.uploads.Update(ctx, key, &e.Value, e.Revision); err == nil {
 			b.log.Info("upload deleted by an operator; its build will not be uploaded to this provider again", "upload", key)
-			b.metrics.UploadsDeleted.Add(1)
+			b.metrics.Deleted("upload")
 		}
 		return
 	}
 	if err := b.img.Uploads.Delete(ctx, key, e.Revision); err == nil {
 		b.log.Info("upload deleted", "upload", key, "external_id", u.ExternalID)
-		b.metrics.UploadsDeleted.Add(1)
+		b.metrics.Deleted("upload")
 	}
 }
 
@@ -458,7 +458,7 @@ func (s *scheduler) deleteBuild(ctx context.Context, bl kv.ImageBuild) {
 	}
 	if err := b.img.Builds.Delete(ctx, bl.Key(), e.Revision); err == nil {
 		b.log.Info("build deleted", "image", bl.Image, "build", bl.ID)
-		b.metrics.BuildsDeleted.Add(1)
+		b.metrics.Deleted("build")
 	}
 }
 
@@ -467,7 +467,7 @@ func (s *scheduler) deleteBuild(ctx context.Context, bl kv.ImageBuild) {
 func (s *scheduler) leaks(ctx context.Context, uploads []kv.ImageUpload) {
 	b := s.b
 	seen := map[string]bool{}
-	for _, p := range b.cfg.Providers {
+	for _, p := range b.config().Providers {
 		drv, ok := b.imageProvider(p.Name)
 		if !ok {
 			continue
@@ -491,7 +491,7 @@ func (s *scheduler) leaks(ctx context.Context, uploads []kv.ImageUpload) {
 				continue
 			}
 			b.log.Info("deleted a leaked image", "provider", p.Name, "external_id", img.ExternalID, "name", img.Name, "upload", img.Tags[drivers.TagUpload])
-			b.metrics.LeakedImagesDeleted.Add(1)
+			b.metrics.LeakedDeleted(p.Name, "images", 1)
 			delete(s.suspects, key)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // handleUpload answers one upload trigger: it uploads the newest ready
@@ -37,8 +38,8 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		drop(slog.LevelError, "dropping an upload trigger", "err", err)
 		return
 	}
-	di, ok := b.cfg.Diskimage(image)
-	pc, pok := b.cfg.Provider(provider)
+	di, ok := b.config().Diskimage(image)
+	pc, pok := b.config().Provider(provider)
 	if !ok || di.Abstract || !pok {
 		drop(slog.LevelError, "dropping an upload trigger: no such image or provider in the configuration", "image", image, "provider", provider)
 		return
@@ -62,6 +63,13 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	defer b.unclaim(uploadClaim(image, provider))
+	// The upload keeps the driver it starts with, whatever a reload does.
+	done, usable := drivers.Use(b.providers()[provider])
+	if !usable {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	defer done()
 	lease := kv.NewLease(b.b.Locks, uploadLease(image, provider), b.runID, b.opts.LeaseTTL, log)
 	held, err := lease.TryAcquire(ctx)
 	if err != nil {
@@ -208,6 +216,7 @@ func (b *Builder) runUpload(ctx context.Context, msg jetstream.Msg, lease *kv.Le
 	stop := b.keepAlive(ctx, msg, lease, cancel)
 	defer stop()
 
+	started := time.Now()
 	img, err := b.upload(uctx, drv, build, &u)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w: builder %s stopped during the upload", errStopping, b.opts.ID)
@@ -247,15 +256,15 @@ func (b *Builder) runUpload(ctx context.Context, msg jetstream.Msg, lease *kv.Le
 	switch {
 	case interrupted:
 		log.Warn("upload interrupted; handing its trigger back", "err", err)
-		b.metrics.UploadsFailed.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageInterrupted, time.Since(started), 0)
 		_ = msg.Nak()
 		return
 	case err != nil:
 		log.Warn("upload failed; the scheduler tries again", "err", err, "retry_in", b.backoff(u.Attempt))
-		b.metrics.UploadsFailed.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageFailed, time.Since(started), 0)
 	default:
 		log.Info("upload ready", "external_id", img.ExternalID)
-		b.metrics.UploadsReady.Add(1)
+		b.metrics.UploadEnded(u.Image, u.Provider, metrics.ImageReady, time.Since(started), img.Size)
 	}
 	_ = msg.Ack()
 }
@@ -278,7 +287,7 @@ func (b *Builder) upload(ctx context.Context, drv drivers.ImageProvider, build *
 	// The diskimage's metadata are the image's default tags; nodepool's
 	// own tags win.
 	tags := map[string]string{}
-	if di, ok := b.cfg.Diskimage(build.Image); ok {
+	if di, ok := b.config().Diskimage(build.Image); ok {
 		maps.Copy(tags, di.Metadata)
 	}
 	maps.Copy(tags, map[string]string{

@@ -266,7 +266,9 @@ providers:
 	if _, there := h.cloudImage("cloud1", foreign); !there {
 		t.Error("an image that is not ours was deleted")
 	}
-	h.eventually(5*time.Second, "the deletion counted", func() bool { return b.Metrics().LeakedImagesDeleted.Load() == 1 })
+	h.eventually(5*time.Second, "the deletion counted", func() bool {
+		return b.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=images") == 1
+	})
 }
 
 // Chunks of an image file that a killed builder left half stored (no

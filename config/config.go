@@ -190,8 +190,9 @@ type Provider struct {
 	// Images uploaded to this provider (drivers with images only).
 	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake,openstack,aws"`
 
-	FakeProvider `yaml:",inline"`
-	AWSProvider  `yaml:",inline"`
+	FakeProvider      `yaml:",inline"`
+	OpenStackProvider `yaml:",inline"`
+	AWSProvider       `yaml:",inline"`
 
 	// set holds the keys written in the file.
 	set map[string]bool
@@ -216,6 +217,7 @@ type Pool struct {
 
 	StaticPool     `yaml:",inline"`
 	MetastaticPool `yaml:",inline"`
+	OpenStackPool  `yaml:",inline"`
 	AWSPool        `yaml:",inline"`
 
 	set map[string]bool
@@ -236,6 +238,8 @@ type PoolLabel struct {
 
 	// A metastatic label's backing nodes (see metastatic.go).
 	MetastaticLabel `yaml:",inline"`
+	// An openstack label's keys (see openstack.go).
+	OpenStackLabel `yaml:",inline"`
 	// An aws label's keys (see aws.go).
 	AWSLabel `yaml:",inline"`
 

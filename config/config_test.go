@@ -73,7 +73,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad duration", strings.Replace(valid, "boot-delay: 0.5", "boot-delay: soon", 1), []string{`providers[0].boot-delay: expected a duration`}},
 		{"undefined pool label", strings.Replace(valid, "          - debian\n", "          - debian\n          - centos\n", 1), []string{`providers[0].pools[0].labels[2]: label "centos" is not defined`}},
 		{"driver-specific key on the wrong driver", "labels: []\nproviders:\n  - name: s\n    driver: static\n    boot-delay: 1\n    pools: []\n", []string{"providers[0].boot-delay: the static driver has no such key (it is a key of the fake driver)"}},
-		{"unknown driver", "labels: []\nproviders:\n  - name: s\n    driver: nonesuch\n    boot-delay: 1\n    pools: []\n", []string{`nodepool.yaml:4: providers[0].driver: unknown driver "nonesuch"; expected one of: aws, fake, metastatic, static`}},
+		{"unknown driver", "labels: []\nproviders:\n  - name: s\n    driver: nonesuch\n    boot-delay: 1\n    pools: []\n", []string{`nodepool.yaml:4: providers[0].driver: unknown driver "nonesuch"; expected one of: aws, fake, metastatic, openstack, static`}},
 		{"missing name", "labels:\n  - min-ready: 1\n", []string{`labels[0]: missing required key "name"`}},
 		{"duplicate provider", strings.Replace(valid, "providers:\n", "providers:\n  - name: cloud1\n    driver: fake\n    pools: [{name: x}]\n", 1), []string{`provider "cloud1" is defined twice`}},
 		{"bad failure rate", strings.Replace(valid, "failure-rate: 0.1", "failure-rate: 2", 1), []string{"providers[0].failure-rate: expected a number from 0 to 1, got 2"}},

@@ -90,6 +90,8 @@ type ProviderDiskimage struct {
 	ConnectionType string `yaml:"connection-type"`
 	ConnectionPort int    `yaml:"connection-port"`
 
+	// The keys an openstack provider adds (see openstack.go).
+	OpenStackDiskimage `yaml:",inline"`
 	// The keys an aws provider adds (aws.go).
 	AWSDiskimage `yaml:",inline"`
 

@@ -52,7 +52,7 @@ var driverSpecs = map[string]driverSpec{
 	"fake":          {available: true, defaults: fakeDefaults, validate: validateFake},
 	"static":        {available: true, defaults: staticDefaults, validate: validateStatic},
 	"metastatic":    {available: true, defaults: metastaticDefaults, validate: validateMetastatic},
-	"openstack":     {missing: "is not available in this build yet"},
+	"openstack":     {available: true, defaults: openstackDefaults, validate: validateOpenStack},
 	"aws":           {available: true, bootTimeout: 180 * time.Second, rate: 2, defaults: awsDefaults, validate: validateAWS},
 	"azure":         {missing: "was not carried over from Nodepool"},
 	"gce":           {missing: "was not carried over from Nodepool"},

@@ -102,7 +102,7 @@ func (l *Launcher) imageAccess(n *kv.Node, prov *config.Provider) access {
 	// The upload the node boots from says what its build was made with;
 	// the configuration is the fallback (an upload recorded before these
 	// fields existed, or one no longer listed).
-	if di, ok := l.opts.Config.Diskimage(pl.Diskimage); ok {
+	if di, ok := l.config().Diskimage(pl.Diskimage); ok {
 		a.username, a.pythonPath, a.shellType = di.Username, di.PythonPath, di.ShellType
 	}
 	if u, ok := l.images.upload(pl.Diskimage, prov.Name, n.ImageID); ok {

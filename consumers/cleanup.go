@@ -86,15 +86,18 @@ func (c *cleanup) run(ctx context.Context) {
 		c.revisit(ctx)
 		c.expire(ctx)
 		c.requests(ctx)
-		for name, drv := range c.l.opts.Providers {
-			c.leaks(ctx, &wg, name, drv)
-			if in, ok := drivers.As[drivers.Interrupter](drv); ok {
-				c.interruptions(ctx, name, in)
-			}
-			if sw, ok := drivers.As[drivers.Sweeper](drv); ok {
-				if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
-					c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
+		for name := range c.l.current().providers {
+			if u, ok := c.l.use(name); ok {
+				c.leaks(ctx, &wg, name, u.drv)
+				if in, ok := drivers.As[drivers.Interrupter](u.drv); ok {
+					c.interruptions(ctx, name, in)
 				}
+				if sw, ok := drivers.As[drivers.Sweeper](u.drv); ok {
+					if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
+						c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
+					}
+				}
+				u.done()
 			}
 		}
 		if time.Since(c.lastPurge) > 10*time.Minute {
@@ -193,7 +196,7 @@ func (c *cleanup) expire(ctx context.Context) {
 	l := c.l
 	now := time.Now().UTC()
 	maxReady := map[string]time.Duration{}
-	for _, lb := range l.opts.Config.Labels {
+	for _, lb := range l.config().Labels {
 		if lb.MaxReadyAge > 0 {
 			maxReady[lb.Name] = lb.MaxReadyAge.D()
 		}
@@ -210,7 +213,7 @@ func (c *cleanup) expire(ctx context.Context) {
 			if n.HoldExpiration != nil && now.After(*n.HoldExpiration) {
 				return "hold expired at " + n.HoldExpiration.Format(time.RFC3339)
 			}
-			if age := l.opts.Config.MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
+			if age := l.config().MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
 				return fmt.Sprintf("held for longer than max-hold-age %s", age)
 			}
 		case kv.NodeInUse:
@@ -342,8 +345,13 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 		l.log.Info("deleting leaked instance", "provider", provider, "external_id", inst.ExternalID, "node", inst.NodeID())
 		wg.Go(func() {
 			defer c.deleting.Delete(key)
+			done, ok := drivers.Use(drv)
+			if !ok {
+				return // replaced by a reload meanwhile; the next sweep sees it again
+			}
+			defer done()
 			if l.lifecycle.deleteInstance(ctx, drv, inst.ExternalID, nil) {
-				l.metrics.LeakedDeleted.Add(1)
+				l.metrics.LeakedDeleted(provider, "instances", 1)
 			}
 		})
 	}
@@ -430,6 +438,7 @@ func (c *cleanup) interruptions(ctx context.Context, provider string, drv driver
 		if !ok || e.Value.Provider != provider || e.Value.ExternalID != in.ExternalID {
 			continue
 		}
+		action := ""
 		_, err := l.nodes.Modify(ctx, in.NodeID, func(n *kv.Node) error {
 			if n.ExternalID != in.ExternalID {
 				return kv.ErrSkip
@@ -441,10 +450,12 @@ func (c *cleanup) interruptions(ctx context.Context, provider string, drv driver
 			}
 			switch {
 			case replace:
+				action = "replaced"
 				l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", in.Reason)
 				n.SetState(kv.NodeDeleting, time.Now().UTC())
 				n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", in.Reason
 			case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != in.Reason:
+				action = "told"
 				l.log.Info("the cloud takes back the instance of a node in use", "node", n.ID, "external_id", n.ExternalID, "state", n.State, "why", in.Reason)
 				n.Reason = in.Reason
 			default:
@@ -453,7 +464,7 @@ func (c *cleanup) interruptions(ctx context.Context, provider string, drv driver
 			return nil
 		})
 		if err == nil {
-			l.metrics.Interruptions.Add(1)
+			l.metrics.Interruption(provider, action)
 		} else if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 			l.log.Warn("could not act on an interruption", "node", in.NodeID, "err", err)
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"log/slog"
 
-	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -19,17 +18,9 @@ type imageIndex struct {
 	uploads *kv.Cache[kv.ImageUpload]
 }
 
-func newImageIndex(b *kv.Buckets, cfg *config.Config, log *slog.Logger) *imageIndex {
-	for _, p := range cfg.Providers {
-		for _, pool := range p.Pools {
-			for _, pl := range pool.Labels {
-				if pl.Diskimage != "" {
-					return &imageIndex{uploads: kv.NewCache(kv.NewImageStores(b.Images).Uploads, log)}
-				}
-			}
-		}
-	}
-	return nil
+func newImageIndex(b *kv.Buckets, log *slog.Logger) *imageIndex {
+	// Always kept: a reload may add labels with diskimages.
+	return &imageIndex{uploads: kv.NewCache(kv.NewImageStores(b.Images).Uploads, log)}
 }
 
 // caches are the watch caches to run with the launcher's.
@@ -142,7 +133,7 @@ func (l *Launcher) createRequest(n *kv.Node) drivers.CreateRequest {
 			RequestorData: requestorData(r.RequestorData), RelativePriority: r.RelativePriority,
 			EventID: r.EventID, Created: r.Created, Tenant: r.Tenant}
 	}
-	prov, ok := l.opts.Config.Provider(n.Provider)
+	prov, ok := l.config().Provider(n.Provider)
 	if !ok {
 		return req
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // IntakeConsumer is the durable consumer (worker group) that turns request
@@ -140,9 +141,9 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 	}
 	switch {
 	case err == nil:
-		l.metrics.RequestsReceived.Add(1)
+		l.metrics.RequestReceived()
 		if rec.State == kv.RequestFailed {
-			l.metrics.RequestsFailed.Add(1)
+			l.metrics.Request("", "", metrics.RequestFailed, 0)
 			l.log.Info("request not valid", "request", rec.ID, "reason", rec.Reason)
 		}
 	case errors.Is(err, kv.ErrExists):
@@ -191,7 +192,7 @@ func (l *Launcher) recordUnhandled(ctx context.Context, msg jetstream.Msg, meta 
 	err := l.recordRequest(wctx, rec, meta)
 	if err == nil || errors.Is(err, kv.ErrExists) {
 		if err == nil {
-			l.metrics.RequestsFailed.Add(1)
+			l.metrics.Request("", "", metrics.RequestFailed, 0)
 		}
 		_ = msg.Ack()
 		return
@@ -288,7 +289,7 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 // configuration nor any live launcher's pools provide (launchers may run
 // different configurations), and the labels that are known.
 func (l *Launcher) unknownLabels(labels []string) (unknown, known []string) {
-	known = l.opts.Config.LabelNames()
+	known = l.config().LabelNames()
 	for _, p := range l.livePools() {
 		for _, lb := range p.Labels {
 			if !slices.Contains(known, lb) {

@@ -9,9 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // Requestor names used by nodepool itself.
@@ -48,6 +50,8 @@ type Options struct {
 	// (default: launcher).
 	Roles []string
 	Log   *slog.Logger
+	// Metrics is the process's metrics registry (nil: a private one).
+	Metrics *metrics.Registry
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -63,7 +67,11 @@ type Launcher struct {
 	images     *imageIndex // uploads of diskimages (nil without diskimage labels)
 
 	lifecycle *lifecycle
-	metrics   *Metrics
+	metrics   *metrics.Launcher
+	system    *metrics.System
+	// statsLeader is set while this process holds the cleanup lease: it
+	// then exports the gauges of the whole system.
+	statsLeader atomic.Bool
 
 	// paused holds the pools this process leads that wait on quota; a
 	// change is announced at once through beat.
@@ -71,9 +79,16 @@ type Launcher struct {
 	paused   map[string]bool
 	beat     chan struct{}
 
-	// limiters pace each provider's API calls; every live launcher takes
-	// an equal share of the provider's rate.
-	limiters map[string]*rate.Limiter
+	// snap is the configuration in force and its drivers (reload.go);
+	// reloadMu serializes reloads with the start and end of Run, which
+	// sets runCtx while the pool schedulers and driver managers (runners)
+	// may run.
+	snap         atomic.Pointer[snapshot]
+	reloadMu     sync.Mutex
+	runCtx       context.Context
+	runners      map[string]*runner
+	runnersWG    sync.WaitGroup
+	ratesChanged chan struct{}
 
 	// born is when the launcher was made; lastBeat is when (since born)
 	// the last successful heartbeat was sent (fence.go).
@@ -94,11 +109,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.Config == nil {
 		return nil, errors.New("launcher needs a configuration")
 	}
-	for _, p := range opts.Config.Providers {
-		if _, ok := opts.Providers[p.Name]; !ok {
-			return nil, fmt.Errorf("provider %s has no driver", p.Name)
-		}
-	}
 	if opts.LeaseTTL == 0 {
 		opts.LeaseTTL = 10 * time.Second
 	}
@@ -109,21 +119,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		opts.Log = slog.Default()
 	}
 	log := opts.Log.With("launcher", opts.ID)
-	providers := make(map[string]drivers.Provider, len(opts.Providers))
-	limiters := map[string]*rate.Limiter{}
-	for name, p := range opts.Providers {
-		providers[name] = p
-		if pc, ok := opts.Config.Provider(name); ok && pc.Rate > 0 {
-			lim := rate.NewLimiter(rate.Limit(pc.Rate), 1)
-			limiters[name] = lim
-			if paced, ok := drivers.As[drivers.Paced](p); ok {
-				paced.Pace(lim)
-			} else {
-				providers[name] = drivers.RateLimited(p, lim)
-			}
-		}
-	}
-	opts.Providers = providers
 	l := &Launcher{
 		opts:       opts,
 		js:         js,
@@ -132,20 +127,38 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		nodes:      kv.NewCache(b.Nodes, log),
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
-		images:     newImageIndex(b, opts.Config, log),
-		metrics:    NewMetrics(),
+		images:     newImageIndex(b, log),
+		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
-		limiters:   limiters,
 		born:       time.Now(),
+		runners:    map[string]*runner{},
+
+		ratesChanged: make(chan struct{}, 1),
 	}
+	snap, err := l.newSnapshot(opts.Config, opts.Providers, nil)
+	if err != nil {
+		return nil, err
+	}
+	l.snap.Store(snap)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
+	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{
+		Leader: l.statsLeader.Load,
+		Nodes: func(yield func(*kv.Node) bool) {
+			l.nodes.Range(func(e *kv.Entry[kv.Node]) bool { return yield(&e.Value) })
+		},
+		Requests: func(yield func(*kv.Request) bool) {
+			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
+		},
+		Pools:  func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
+		Config: l.config,
+	})
 	return l, nil
 }
 
-// Metrics returns the launcher's counters.
-func (l *Launcher) Metrics() *Metrics { return l.metrics }
+// Metrics returns the launcher's series.
+func (l *Launcher) Metrics() *metrics.Launcher { return l.metrics }
 
 // Nodes is the launcher's view of the nodes bucket.
 func (l *Launcher) Nodes() *kv.Cache[kv.Node] { return l.nodes }
@@ -195,9 +208,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
-	if len(l.limiters) > 0 {
-		wg.Go(func() { l.shareRates(ctx) })
-	}
+	wg.Go(func() { l.shareRates(ctx) })
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -211,31 +222,18 @@ func (l *Launcher) Run(ctx context.Context) error {
 	l.lifecycle.resumeOwn(ctx)
 	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
 
-	for i := range l.opts.Config.Providers {
-		prov := &l.opts.Config.Providers[i]
-		for j := range prov.Pools {
-			pool := &prov.Pools[j]
-			s := newScheduler(l, prov, pool)
-			lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() { lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run)) })
-		}
-	}
-	for name, drv := range l.opts.Providers {
-		if m, ok := drivers.As[drivers.Manager](drv); ok {
-			lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log)
-			wg.Go(func() {
-				lease.Elect(ctx, safeLoop(l, "manager of "+name, func(ctx context.Context) { m.Manage(ctx, l.opts.SyncInterval) }))
-			})
-		}
-	}
+	l.reloadMu.Lock()
+	l.runCtx = ctx
+	l.syncRunners()
+	l.reloadMu.Unlock()
 	mr := newMinReady(l)
 	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
 	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
-	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", cl.run)) })
+	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
-	l.log.Info("launcher running", "providers", len(l.opts.Providers))
+	l.log.Info("launcher running", "providers", len(l.config().Providers))
 	l.running.Store(true)
 	<-ctx.Done()
 	l.running.Store(false)
@@ -245,6 +243,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	// delivered again to another process.
 	intake.Stop()
 	lc.Stop()
+	l.stopRunners()
 	wg.Wait()
 	l.lifecycle.stop()
 
@@ -269,7 +268,7 @@ func (l *Launcher) component() *kv.Component {
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()
-	for _, p := range l.opts.Config.Providers {
+	for _, p := range l.config().Providers {
 		for _, pool := range p.Pools {
 			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
 			for _, pl := range pool.Labels {
@@ -324,8 +323,9 @@ func (l *Launcher) shareRates(ctx context.Context) {
 	defer l.components.Unsubscribe(sub)
 	for {
 		sub.Drain()
-		for name, lim := range l.limiters {
-			pc, _ := l.opts.Config.Provider(name)
+		snap := l.current()
+		for name, lim := range snap.limiters {
+			pc, _ := snap.cfg.Provider(name)
 			n := 0
 			l.components.Range(func(e *kv.Entry[kv.Component]) bool {
 				for _, p := range e.Value.Pools {
@@ -336,7 +336,7 @@ func (l *Launcher) shareRates(ctx context.Context) {
 				}
 				return true
 			})
-			share := rate.Limit(pc.Rate / float64(max(n, 1)))
+			share := rate.Limit(pc.CallsPerSecond() / float64(max(n, 1)))
 			if lim.Limit() != share {
 				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
 				lim.SetLimit(share)
@@ -346,6 +346,7 @@ func (l *Launcher) shareRates(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-sub.C():
+		case <-l.ratesChanged:
 		}
 	}
 }
@@ -422,4 +423,23 @@ func (l *Launcher) livePools() map[string]kv.ComponentPool {
 		return true
 	})
 	return out
+}
+
+// exportingSystem runs fn (cleanup's loop) as the process that exports
+// the gauges of the whole system: to Prometheus while it runs, and to
+// statsd every sync interval.
+func (l *Launcher) exportingSystem(fn func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
+		l.statsLeader.Store(true)
+		defer l.statsLeader.Store(false)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for wait.Sleep(ctx, l.opts.SyncInterval) {
+				l.system.Send()
+			}
+		}()
+		fn(ctx)
+		<-done
+	}
 }

@@ -44,7 +44,8 @@ type lifecycle struct {
 	ctx      context.Context
 	stopRuns context.CancelFunc
 
-	sems map[string]chan struct{}
+	semsMu sync.Mutex
+	sems   map[string]*slots // launch slots per provider (slots.go)
 
 	// wanted lists, per provider, launches this process passed over for
 	// want of a slot, oldest first; a freed slot takes the next one at
@@ -59,7 +60,11 @@ type lifecycle struct {
 
 // run is a machine running for a node.
 type run struct {
-	state  kv.NodeState // the state the machine drives the node from
+	state kv.NodeState // the state the machine drives the node from
+	// wrote is the state of the machine's latest write of the record,
+	// noted before the write is sent (guarded by lifecycle.mu): a change
+	// to it is the machine's own doing, not the node taken from it.
+	wrote  kv.NodeState
 	cancel context.CancelFunc
 	// done is closed once the machine returned and the node was looked
 	// at again.
@@ -74,12 +79,7 @@ const machineStopWait = 5 * time.Second
 const maxWanted = 10000
 
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]chan struct{}{}, wanted: map[string][]string{}}
-	for _, p := range l.opts.Config.Providers {
-		if p.MaxConcurrency > 0 {
-			lc.sems[p.Name] = make(chan struct{}, p.MaxConcurrency)
-		}
-	}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{}, wanted: map[string][]string{}}
 	lc.ctx, lc.stopRuns = context.WithCancel(context.Background())
 	return lc
 }
@@ -205,8 +205,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	n := &e.Value
 	me := lc.l.opts.ID
 	if r := lc.running(e.Key); r != nil {
-		if n.State == r.state && n.Launcher == me {
-			return nil // the machine's own write, or nothing it must know
+		if n.Launcher == me && (n.State == r.state || n.State == lc.wrote(r)) {
+			// The machine's own write (ending the launch, say: it looks
+			// at the node again when it returns), or nothing it must know.
+			return nil
 		}
 		// The node was taken from the machine (an operator deleted it,
 		// cleanup handed it to another process, the launch ended): stop
@@ -236,7 +238,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	if lc.quarantined(e.Key) {
 		return errQuarantined
 	}
-	if _, ok := lc.l.opts.Providers[n.Provider]; !ok {
+	drv, ok := lc.l.current().providers[n.Provider]
+	if !ok {
 		// Launchers may run different configurations: leave the node to
 		// one that has its provider.
 		return errNotMine
@@ -258,7 +261,7 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 			slot = true
 		}
 	case kv.NodeUsed:
-		if reg, ok := drivers.As[drivers.Registrar](lc.l.opts.Providers[n.Provider]); ok {
+		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
 			return lc.reregister(ctx, e.Key, reg)
 		}
 	}
@@ -296,6 +299,10 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		return err
 	}
+	if state == kv.NodeUsed {
+		lc.l.log.Info("node returned", "node", e.Key, "provider", n.Provider, "pool", n.Pool,
+			"label", createRequest(n).Label, "request", n.AllocatedTo, "holder", n.Holder)
+	}
 	lc.launch(claimed, slot)
 	slot = false // launch owns it now
 	return nil
@@ -320,16 +327,23 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 
 // tryAcquire takes a launch slot of a provider if one is free.
 func (lc *lifecycle) tryAcquire(provider string) bool {
-	sem := lc.sems[provider]
-	if sem == nil {
-		return true
+	return lc.slotsOf(provider).tryTake()
+}
+
+// noteWrite records the state a machine's write is about to give its node.
+func (lc *lifecycle) noteWrite(id string, state kv.NodeState) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if r := lc.runs[id]; r != nil {
+		r.wrote = state
 	}
-	select {
-	case sem <- struct{}{}:
-		return true
-	default:
-		return false
-	}
+}
+
+// wrote is the state of a machine's latest write.
+func (lc *lifecycle) wrote(r *run) kv.NodeState {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return r.wrote
 }
 
 // running returns the machine running for a node, if any.
@@ -377,37 +391,37 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 				lc.machinePanicked(e, p)
 			}
 		}()
-		switch e.Value.State {
-		case kv.NodeBuilding:
+		if e.Value.State == kv.NodeBuilding {
 			// max-concurrency bounds launches in flight; deletes free
 			// capacity and are never held back.
 			if !slot && !lc.acquire(ctx, e.Value.Provider) {
 				return
 			}
 			defer lc.release(e.Value.Provider)
-			orphan = lc.runCreate(ctx, e)
+		}
+		// The machine keeps the driver (and its configuration) it starts
+		// with, whatever a reload does meanwhile.
+		u, ok := lc.l.use(e.Value.Provider)
+		if !ok {
+			lc.handOverNode(ctx, e.Key)
+			return
+		}
+		defer u.done()
+		switch e.Value.State {
+		case kv.NodeBuilding:
+			orphan = lc.runCreate(ctx, e, u)
 		case kv.NodeDeleting:
-			lc.runDelete(ctx, e)
+			lc.runDelete(ctx, e, u)
 		}
 	})
 }
 
 func (lc *lifecycle) acquire(ctx context.Context, provider string) bool {
-	sem := lc.sems[provider]
-	if sem == nil {
-		return ctx.Err() == nil
-	}
-	select {
-	case sem <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return lc.slotsOf(provider).take(ctx)
 }
 
 func (lc *lifecycle) release(provider string) {
-	if sem := lc.sems[provider]; sem != nil {
-		<-sem
+	if lc.slotsOf(provider).give() {
 		go lc.takeWanted(provider)
 	}
 }
@@ -531,6 +545,22 @@ func (lc *lifecycle) handOver(ctx context.Context) {
 	}
 }
 
+// handOverNode gives up a node this process claimed but whose provider a
+// reload removed meanwhile, for a launcher that has the provider.
+func (lc *lifecycle) handOverNode(ctx context.Context, id string) {
+	lc.l.log.Warn("provider no longer configured here; handing the node over", "node", id)
+	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) {
+			return kv.ErrSkip
+		}
+		n.Launcher = ""
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+		lc.l.log.Debug("could not hand over node", "node", id, "err", err)
+	}
+}
+
 // update changes a node this process owns in a given state. It returns
 // errLost if the node is not so any more, and retries passing errors until
 // ctx ends (then ctx's error).
@@ -541,6 +571,7 @@ func (lc *lifecycle) update(ctx context.Context, id string, state kv.NodeState, 
 				return errLost
 			}
 			fn(n)
+			lc.noteWrite(id, n.State)
 			return nil
 		})
 		switch {

@@ -2,6 +2,7 @@ package consumers
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 func createRequest(n *kv.Node) drivers.CreateRequest {
@@ -19,7 +21,7 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 		label = n.Labels[0]
 	}
 	return drivers.CreateRequest{
-		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1),
+		NodeID: n.ID, Hostname: "np" + n.ID, Provider: n.Provider, Pool: n.Pool, Label: label, Attempt: max(n.Attempt, 1), AZ: n.AZ,
 		Tags: map[string]string{drivers.TagProvider: n.Provider, drivers.TagPool: n.Pool, drivers.TagNode: n.ID, drivers.TagLabel: label},
 	}
 }
@@ -28,16 +30,20 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 // attempts (each failed instance deleted first) up to launch-retries.
 // Stopped (its context ended, or the node no longer its own), it returns
 // the instance its machine made, which the node may not record yet.
-func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan string) {
+func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u providerUse) (orphan string) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
-	prov, _ := l.opts.Config.Provider(n.Provider)
-	drv := l.opts.Providers[n.Provider]
+	prov, drv := u.cfg, u.drv
 	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
 	if n.Attempt == 0 {
 		n.Attempt = 1
 	}
+	what := "launch started"
+	if (len(n.DriverData) > 0 && string(n.DriverData) != "null") || n.ExternalID != "" || n.Attempt > 1 {
+		what = "launch resumed"
+	}
+	log.Info(what, "label", createRequest(&n).Label, "request", n.AllocatedTo, "attempt", n.Attempt)
 	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
 	if err != nil {
 		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
@@ -68,7 +74,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan
 			// Not a failed attempt: wait for room and try the step again,
 			// saying why on the node (once per wait).
 			log.Info("cloud asks to wait", "err", err)
-			l.metrics.CloudWaits.Add(1)
+			l.metrics.CloudWait(n.Provider, drivers.ErrorKind(err))
 			if waits == 0 {
 				why := "waiting: " + err.Error()
 				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
@@ -76,7 +82,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan
 					return ""
 				}
 			}
-			if !wait.Sleep(ctx, wait.Backoff(waits)) {
+			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
 				return
 			}
 			waits++
@@ -84,11 +90,20 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan
 		case err != nil:
 			attemptErr = err
 		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
-			attemptErr = fmt.Errorf("not ready within boot-timeout %s", prov.BootTimeout.D())
+			attemptErr = bootTimeout{prov.BootTimeout.D()}
 		}
 		waits = 0
 		if attemptErr != nil {
-			l.metrics.LaunchAttemptsFailed.Add(1)
+			kind := drivers.ErrorKind(attemptErr)
+			if errors.As(attemptErr, new(bootTimeout)) {
+				kind = "boot_timeout"
+			}
+			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, kind)
+			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
+				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
+					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
+				}
+			}
 			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
 			if !lc.mayDrive(id, kv.NodeBuilding) {
 				return sm.ExternalID()
@@ -128,8 +143,9 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan
 				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
 				return ""
 			}
-			l.metrics.NodesLaunched.Add(1)
-			log.Debug("node ready", "external_id", ne.Value.ExternalID)
+			l.launchEnded(&ne.Value, metrics.LaunchReady)
+			log.Info("node ready", "label", createRequest(&ne.Value).Label, "request", ne.Value.AllocatedTo,
+				"external_id", ne.Value.ExternalID, "az", ne.Value.AZ, "took", time.Since(ne.Value.Created).Round(time.Millisecond))
 			return
 		}
 		if st := sm.State(); n.Attempt != savedAttempt || (!idempotent && !bytes.Equal(st, saved)) {
@@ -151,6 +167,25 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node]) (orphan
 		}
 	}
 	return sm.ExternalID()
+}
+
+// bootTimeout: an attempt's instance was not ready within boot-timeout.
+type bootTimeout struct{ d time.Duration }
+
+func (e bootTimeout) Error() string { return fmt.Sprintf("not ready within boot-timeout %s", e.d) }
+
+// launchEnded counts a launch that ended, with Nodepool's breakdowns.
+func (l *Launcher) launchEnded(n *kv.Node, result string) {
+	label := createRequest(n).Label
+	image := ""
+	if prov, ok := l.config().Provider(n.Provider); ok {
+		if pool, ok := prov.Pool(n.Pool); ok {
+			if pl, ok := pool.Label(label); ok {
+				image = cmp.Or(pl.Diskimage, pl.CloudImage)
+			}
+		}
+	}
+	l.metrics.Launch(result, n.Provider, n.AZ, label, image, n.Requestor, time.Since(n.Created))
 }
 
 // lostDuringCreate runs when a write of a running create found the node
@@ -197,7 +232,7 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 			return nil
 		})
 		if err == nil {
-			l.metrics.RequestsFailed.Add(1)
+			l.metrics.Request(n.Provider, n.Pool, metrics.RequestFailed, 0)
 		}
 	}
 	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
@@ -209,8 +244,13 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 	if err != nil {
 		l.log.Debug("could not mark node failed", "node", n.ID, "err", err)
 	}
-	l.metrics.LaunchesFailed.Add(1)
-	l.log.Warn("launch failed", "node", n.ID, "reason", reason)
+	result := metrics.LaunchError
+	if errors.Is(cause, drivers.ErrQuotaExceeded) {
+		result = metrics.LaunchQuota
+	}
+	l.launchEnded(n, result)
+	l.log.Warn("launch failed", "node", n.ID, "provider", n.Provider, "pool", n.Pool, "label", createRequest(n).Label,
+		"request", n.AllocatedTo, "reason", reason)
 }
 
 func containsID(ids []string, id string) bool {

@@ -64,11 +64,11 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 }
 
 // runDelete deletes a node's instance and then its record.
-func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
+func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u providerUse) {
 	l := lc.l
 	id := e.Key
 	n := e.Value
-	drv := l.opts.Providers[n.Provider]
+	drv := u.drv
 	if n.ExternalID != "" {
 		sm, err := drv.Delete(n.ExternalID, n.DriverData)
 		if err != nil {
@@ -107,7 +107,9 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node]) {
 		}
 		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
 		if err == nil || errors.Is(err, kv.ErrNotFound) {
-			l.metrics.NodesDeleted.Add(1)
+			label := createRequest(&cur.Value).Label
+			l.metrics.NodeDeleted(n.Provider, label)
+			l.log.Info("node deleted", "node", id, "provider", n.Provider, "pool", n.Pool, "label", label, "external_id", n.ExternalID)
 			return
 		}
 		if errors.Is(err, kv.ErrConflict) {

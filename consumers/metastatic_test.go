@@ -511,3 +511,167 @@ func TestMetastaticDropsCarvedNodesOfADeletedBackingNode(t *testing.T) {
 		return h.nodes.Len() == 0 && h.instanceCount("cloud") == 0
 	})
 }
+
+// Requests for a metastatic label published at once share backing nodes:
+// nodes that start waiting while a backing node is requested, booting or
+// just taken get its free slots, so a burst needs no more backing nodes
+// than its nodes fill (issue 9: three at once on an 8-slot label used two).
+func TestMetastaticBurstSharesBackingNodes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		bootDelay string
+		requests  int
+		want      int
+	}{
+		{"three at once, instant boot", "0", 3, 1},
+		{"three at once, slow boot", "0.5", 3, 1},
+		{"twenty at once, instant boot", "0", 20, 3},
+		{"twenty at once, slow boot", "0.5", 20, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, metaConfig(tc.bootDelay, "            max-parallel-jobs: 8\n            grace-time: 600\n"))
+			h.startLauncher("l1")
+			h.waitLaunchers(1)
+			ids := make([]string, tc.requests)
+			errs := make([]error, tc.requests)
+			var wg sync.WaitGroup
+			for i := range tc.requests {
+				wg.Go(func() {
+					ids[i], errs[i] = h.client.Submit(t.Context(), events.RequestMessage{Labels: []string{"small"}, Requestor: "test"})
+				})
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.waitDone(30*time.Second, ids...)
+			for _, id := range ids {
+				if r, _ := h.request(id); r.State != kv.RequestFulfilled {
+					t.Fatalf("request %s is %s (%s)\n%s", id, r.State, r.Reason, h.dump())
+				}
+			}
+			if got := h.instancesEverCreated("cloud"); got != tc.want {
+				t.Errorf("%d backing instances created for %d nodes of 8 slots, want %d\n%s", got, tc.requests, tc.want, h.dump())
+			}
+			h.checkCarved()
+		})
+	}
+}
+
+// A request that claims to be a metastatic provider's backing request but
+// whose requestor_data is not valid (issue 9: {"slots": -1} crashed every
+// launcher that took it over) is failed with a reason naming what is wrong;
+// the launcher keeps serving, and nothing is held for it.
+func TestMetastaticRefusesBadBackingRequests(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 600\n"))
+	h.startLauncher("l1")
+	cases := []struct {
+		id, data, want string
+	}{
+		{"neg-slots", `{"slots": -1}`, "slots is -1; expected 1 to 10000"},
+		{"neg-slots-ours", `{"provider": "meta", "pool": "main", "label": "small", "slots": -1}`, "slots is -1"},
+		{"huge-slots", `{"provider": "meta", "slots": 1000000000000}`, "slots is 1000000000000"},
+		{"twice", `{"provider": "meta", "slots": 4, "nodes": ["a", "a"]}`, "node a is listed twice"},
+		{"too-many", `{"provider": "meta", "slots": 1, "nodes": ["a", "b"]}`, "nodes lists 2 nodes; expected at most one per slot (1)"},
+		{"bad-id", `{"provider": "meta", "slots": 2, "nodes": ["../x"]}`, `nodes[0] is "../x"; expected a node id`},
+		{"other", `{"provider": "elsewhere", "slots": 2}`, `names provider "elsewhere"; expected "meta"`},
+		{"not-object", `"slots"`, "expected a JSON object"}, // refused at intake
+		{"wrong-type", `{"provider": "meta", "slots": "eight"}`, "not valid JSON for it"},
+	}
+	for _, tc := range cases {
+		h.publishRaw(fmt.Sprintf(`{"id": %q, "labels": ["big"], "requestor": %q, "requestor_data": %s}`, tc.id, metaOwner, tc.data))
+	}
+	// The launcher still serves: a real request goes through the same
+	// manager.
+	good := h.requestSmall(1)
+	for _, tc := range cases {
+		h.waitDone(20*time.Second, tc.id)
+		r, _ := h.request(tc.id)
+		if r.State != kv.RequestFailed || !strings.Contains(r.Reason, "requestor_data") || !strings.Contains(r.Reason, tc.want) {
+			t.Errorf("request %s = %s (%q); want failed naming %q", tc.id, r.State, r.Reason, tc.want)
+		}
+	}
+	// Only the good request's backing node is held; the crafted requests'
+	// nodes went back to their pool.
+	h.until(10*time.Second, "crafted requests' nodes back in the pool", func() bool {
+		return len(h.backings()) == 1 && h.countNodes(func(n *kv.Node) bool {
+			return n.Provider == "cloud" && n.AllocatedTo != "" && n.State != kv.NodeInUse
+		}) == 0
+	})
+	if n := h.countNodes(func(n *kv.Node) bool { return n.Holder == metaOwner }); n != 1 {
+		t.Errorf("%d nodes held by %s, want the one backing node\n%s", n, metaOwner, h.dump())
+	}
+	h.checkCarved()
+	_ = good
+}
+
+// Labels of a metastatic provider with the same backing-label share
+// backing nodes, in one pool or across pools, as in Nodepool (issue 10).
+func TestMetastaticLabelsShareBackingNodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels:
+  - name: big
+  - name: small
+  - name: medium
+  - name: tiny
+providers:
+  - name: cloud
+    driver: fake
+    boot-delay: 0.2
+    pools:
+      - name: main
+        max-servers: 10
+        labels: [big]
+  - name: meta
+    driver: metastatic
+    pools:
+      - name: main
+        labels:
+          - name: small
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+          - name: medium
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+      - name: other
+        labels:
+          - name: tiny
+            backing-label: big
+            max-parallel-jobs: 4
+            grace-time: 600
+`)
+	h.startLauncher("l1")
+	var ids []string
+	for _, label := range []string{"small", "medium", "tiny", "medium"} {
+		ids = append(ids, h.submit(events.RequestMessage{Labels: []string{label}, Requestor: "test"}))
+	}
+	h.waitDone(30*time.Second, ids...)
+	for _, id := range ids {
+		if r, _ := h.request(id); r.State != kv.RequestFulfilled {
+			t.Fatalf("request %s is %s (%s)\n%s", id, r.State, r.Reason, h.dump())
+		}
+	}
+	if got := h.instancesEverCreated("cloud"); got != 1 {
+		t.Fatalf("%d backing instances for 4 nodes of 3 labels sharing backing label big (4 slots), want 1\n%s", got, h.dump())
+	}
+	h.until(10*time.Second, "four carved nodes ready", func() bool {
+		return h.countNodes(func(n *kv.Node) bool { return n.Provider == "meta" && n.State == kv.NodeReady }) == 4
+	})
+	h.checkCarved()
+	// The fifth node needs a second backing node.
+	id := h.submit(events.RequestMessage{Labels: []string{"small"}, Requestor: "test"})
+	h.waitDone(30*time.Second, id)
+	if got := h.instancesEverCreated("cloud"); got != 2 {
+		t.Errorf("%d backing instances for 5 nodes of 4 slots, want 2\n%s", got, h.dump())
+	}
+	h.checkCarved()
+}

@@ -32,7 +32,7 @@ type minReady struct {
 func newMinReady(l *Launcher) *minReady { return &minReady{l: l} }
 
 func (m *minReady) wanted() bool {
-	for _, lb := range m.l.opts.Config.Labels {
+	for _, lb := range m.l.config().Labels {
 		if lb.MinReady > 0 {
 			return true
 		}
@@ -41,9 +41,11 @@ func (m *minReady) wanted() bool {
 }
 
 func (m *minReady) run(ctx context.Context) {
-	if !m.wanted() {
-		<-ctx.Done()
-		return
+	// A reload may add min-ready to a label: look again now and then.
+	for !m.wanted() {
+		if !wait.Sleep(ctx, m.l.opts.SyncInterval) {
+			return
+		}
 	}
 	if !m.l.syncCaches(ctx) {
 		return
@@ -117,7 +119,7 @@ func (m *minReady) pass(ctx context.Context) {
 	for _, e := range done {
 		m.remove(ctx, e)
 	}
-	for _, lb := range l.opts.Config.Labels {
+	for _, lb := range l.config().Labels {
 		missing := lb.MinReady - have[lb.Name] - taken[lb.Name]
 		for i := 0; missing > 0 && i < lb.MinReady; i++ {
 			if _, released := done[MinReadyID(lb.Name, i)]; released || l.requests.Has(MinReadyID(lb.Name, i)) {

@@ -38,19 +38,46 @@ func limit(v int) int {
 	return v
 }
 
-// poolLimits are the pool's own limits (with an aws pool's max-resources).
+// poolLimits are the pool's own limits (with an aws pool's max-resources
+// and an openstack pool's max-volumes and max-volume-gb).
 func poolLimits(p *config.Pool) kv.Resources {
 	r := kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
 	r.Other = otherLimits(p.AWSPool.MaxResources)
+	r.Other = volumeLimits(r.Other, p.MaxVolumes, p.MaxVolumeGB)
 	return r
 }
 
 // tenantLimits are a tenant's limits; its other keys (AWS quota codes)
-// limit the resources of that name.
+// limit the resources of that name, and max-volumes and max-volume-gb the
+// volumes of OpenStack nodes booted from volumes.
 func tenantLimits(tl config.TenantLimit) kv.Resources {
 	r := kv.Resources{Instances: limit(tl.MaxServers), Cores: limit(tl.MaxCores), RAM: limit(tl.MaxRAM)}
 	r.Other = otherLimits(tl.Resources)
+	vols, gb := config.Unlimited, config.Unlimited
+	if v, ok := tl.Resources["max-volumes"]; ok {
+		vols = v
+	}
+	if v, ok := tl.Resources["max-volume-gb"]; ok {
+		gb = v
+	}
+	r.Other = volumeLimits(r.Other, vols, gb)
 	return r
+}
+
+// volumeLimits adds limits of volumes and their size (the resources
+// drivers.ResourceVolumes and ResourceVolumeGB) to other; a limit not set
+// (config.Unlimited) is left out, so it limits nothing.
+func volumeLimits(other map[string]int, volumes, gb int) map[string]int {
+	for k, v := range map[string]int{drivers.ResourceVolumes: volumes, drivers.ResourceVolumeGB: gb} {
+		if v == config.Unlimited {
+			continue
+		}
+		if other == nil {
+			other = map[string]int{}
+		}
+		other[k] = limit(v)
+	}
+	return other
 }
 
 // otherLimits are limits of resources other than servers, cores and RAM,
@@ -68,6 +95,9 @@ func otherLimits(m map[string]int) map[string]int {
 	}
 	return out
 }
+
+// unlimited is a quota that is never reached.
+var unlimited = kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}
 
 // exceeds reports the first dimension in which need is more than limit.
 func exceeds(need, limit kv.Resources) (string, bool) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -48,7 +49,7 @@ func (t *term) headroom() *headroom {
 		provider: t.cloud.limits.Less(t.cloud.others).Less(used.provUsed),
 		tenants:  map[string]kv.Resources{},
 	}
-	for _, tl := range t.l.opts.Config.TenantResourceLimits {
+	for _, tl := range t.snap.cfg.TenantResourceLimits {
 		h.tenants[tl.TenantName] = tenantLimits(tl).Less(used.tenants[tl.TenantName])
 	}
 	for _, in := range t.jobs.newNodes {
@@ -129,8 +130,8 @@ func (t *term) pass(ctx context.Context) {
 	// nodes it would take, and requests behind it for one of its labels (or,
 	// when a tenant limit stops it, of its tenant) wait behind it. Requests
 	// for other labels pass it when they fit.
-	blockedLabels := map[string]bool{}
-	blockedTenants := map[string]bool{}
+	blockedLabels := map[string]string{}  // label -> why the request it waits behind waits
+	blockedTenants := map[string]string{} // tenant -> why the request it waits behind waits
 	paused := false
 	for _, r := range waiting {
 		t.guarded(ctx, r.ID, func() {
@@ -145,17 +146,24 @@ func (t *term) pass(ctx context.Context) {
 				return
 			}
 			plan, need := t.plan(r, free, nil)
-			if need.Instances > 0 && (blockedTenants[r.Tenant] || slices.ContainsFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] })) {
+			if why := blockedTenants[r.Tenant]; need.Instances > 0 && why != "" {
+				t.waiting(ctx, r, why, true)
+				return
+			}
+			if lb := slices.IndexFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] != "" }); need.Instances > 0 && lb >= 0 {
+				t.waiting(ctx, r, blockedLabels[r.Labels[lb]], true)
 				return
 			}
 			if ok, by := room.fits(r.Tenant, need); !ok {
+				why := t.quotaWait(r, need, by)
+				t.waiting(ctx, r, why, false)
 				if strings.HasPrefix(by, "tenant ") {
 					// Only this tenant's requests wait behind it.
-					blockedTenants[r.Tenant] = true
+					blockedTenants[r.Tenant] = why
 					return
 				}
 				for _, lb := range r.Labels {
-					blockedLabels[lb] = true
+					blockedLabels[lb] = why
 				}
 				paused = true
 				return
@@ -266,7 +274,7 @@ func (t *term) cannotServe(r *kv.Request) string {
 	if why, over := exceeds(all, t.cloud.limits); over {
 		return "needs more than the provider's whole quota (" + why + ")"
 	}
-	if tl, ok := t.l.opts.Config.TenantLimit(r.Tenant); ok {
+	if tl, ok := t.snap.cfg.TenantLimit(r.Tenant); ok {
 		if why, over := exceeds(all, tenantLimits(tl)); over {
 			return "needs more than tenant " + r.Tenant + " may ever hold (" + why + ")"
 		}
@@ -395,4 +403,72 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
 	}
 	return true
+}
+
+// quotaWait says what a request that does not fit waits for: the limit
+// that stops it, in this pool, with what is in use (nodes and launches
+// in flight) and the limit.
+func (t *term) quotaWait(r *kv.Request, need kv.Resources, blockedBy string) string {
+	used := t.idx.used
+	var inflight kv.Resources
+	for _, in := range t.jobs.newNodes {
+		inflight = inflight.Add(in.size)
+	}
+	if t.registered {
+		return fmt.Sprintf("for a free node of %s", strings.Join(r.Labels, ", "))
+	}
+	switch {
+	case strings.HasPrefix(blockedBy, "provider quota"):
+		limits := t.cloud.limits.Sub(t.cloud.others)
+		return fmt.Sprintf("for provider %s's quota: %s", t.prov.Name, inUse(used.provUsed.Add(inflight), limits, need, "the cloud's quota"))
+	case strings.HasPrefix(blockedBy, "tenant "):
+		tl, _ := t.snap.cfg.TenantLimit(r.Tenant)
+		return fmt.Sprintf("for tenant %s's limits: %s", r.Tenant, inUse(used.tenants[r.Tenant], tenantLimits(tl), need, "tenant-resource-limits"))
+	}
+	return fmt.Sprintf("for its quota: %s", inUse(used.poolUsed.Add(inflight), poolLimits(t.pool), need, "max-servers, max-cores, max-ram"))
+}
+
+// inUse describes, for each dimension in which need does not fit, what is
+// in use and the limit.
+func inUse(used, limit, need kv.Resources, what string) string {
+	var parts []string
+	add := func(name string, u, l, n int) {
+		if l != drivers.Unlimited && u+n > l {
+			parts = append(parts, fmt.Sprintf("%d of %d %s in use, needs %d more", u, max(l, 0), name, n))
+		}
+	}
+	add("servers", used.Instances, limit.Instances, need.Instances)
+	add("cores", used.Cores, limit.Cores, need.Cores)
+	add("MB of RAM", used.RAM, limit.RAM, need.RAM)
+	if len(parts) == 0 {
+		return "at " + what
+	}
+	return strings.Join(parts, "; ") + " (" + what + ")"
+}
+
+// waiting records on a request why it waits in this pool (its reason),
+// unless it says so already: the notes of pools that declined it give way
+// to it. behind: it waits behind an earlier request that does not fit.
+func (t *term) waiting(ctx context.Context, r *kv.Request, why string, behind bool) {
+	if behind {
+		why = "behind earlier requests, " + why
+	}
+	why = waitNote(t.ref) + why
+	if r.Reason == why || !mayNoteWait(r.Reason, t.ref) {
+		return
+	}
+	t.log.Debug("request waits", "request", r.ID, "why", why)
+	s := t.scheduler // jobs run beside the loop: they touch no term state
+	id := r.ID
+	t.jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.noteWait(ctx, id, why) })
+}
+
+// waitNote begins the reason of a request that waits in a pool.
+func waitNote(ref string) string { return "waiting in pool " + ref + ": " }
+
+// mayNoteWait reports whether a pool may write why a request waits in it
+// over the request's reason: not over another pool's note that it waits
+// there (two pools that both wait would write in turns for ever).
+func mayNoteWait(reason, ref string) bool {
+	return !strings.HasPrefix(reason, "waiting in pool ") || strings.HasPrefix(reason, waitNote(ref))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -23,6 +22,8 @@ type term struct {
 	cloud cloudQuota
 	// paused: the pool waits on quota (announced in the heartbeat).
 	paused bool
+	// passTook records a pass's duration.
+	passTook func(time.Duration)
 
 	// The change queues the index is kept from.
 	reqSub  *kv.Subscription[kv.Request]
@@ -32,9 +33,10 @@ type term struct {
 func newTerm(s *scheduler) *term {
 	return &term{
 		scheduler: s,
+		passTook:  s.l.metrics.PassObserver(s.prov.Name, s.pool.Name),
 		idx:       newPoolIndex(s.prov.Name, s.pool.Name),
 		jobs:      newJobSet(s.jobPanicked),
-		cloud:     cloudQuota{limits: kv.Resources{Instances: drivers.Unlimited, Cores: drivers.Unlimited, RAM: drivers.Unlimited}},
+		cloud:     cloudQuota{limits: unlimited},
 	}
 }
 
@@ -48,14 +50,17 @@ func (t *term) run(ctx context.Context) {
 
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.
-	drv := t.l.opts.Providers[t.prov.Name]
-	if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
-		t.cloud = q
-	} else if ctx.Err() == nil {
-		t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
-	}
+	// A pool with ignore-provider-quota counts its own limits only.
+	drv := t.drv
 	quotaC := make(chan cloudQuota, 1)
-	go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+	if !t.pool.IgnoreProviderQuota {
+		if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
+			t.cloud = q
+		} else if ctx.Err() == nil {
+			t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
+		}
+		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+	}
 
 	t.subscribe()
 	defer t.unsubscribe()
@@ -87,8 +92,7 @@ func (t *term) run(ctx context.Context) {
 		imgWatch.drain()
 		start := time.Now()
 		t.pass(ctx)
-		t.l.metrics.SchedulerPasses.Add(1)
-		t.l.metrics.SchedulerPassNanos.Add(int64(time.Since(start)))
+		t.passTook(time.Since(start))
 		select {
 		case <-ctx.Done():
 			return
@@ -99,6 +103,9 @@ func (t *term) run(ctx context.Context) {
 		case <-t.jobs.doneC:
 		case <-tick.C:
 			t.rebuild()
+			if len(t.unsized) > 0 {
+				t.readSizes()
+			}
 		case q := <-quotaC:
 			t.cloud = q
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // claim takes a waiting request for this pool (requested -> pending, with
@@ -93,7 +94,7 @@ func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) 
 		undo()
 		return
 	}
-	s.l.metrics.RequestsFulfilled.Add(1)
+	s.fulfilled(cached.Value.Created, id, plan...)
 }
 
 // replan replaces the nodes of some slots of a pending request.
@@ -158,7 +159,7 @@ func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) 
 	if err != nil {
 		return false
 	}
-	s.l.metrics.NodesReused.Add(1)
+	s.l.metrics.Allocated(s.prov.Name, s.pool.Name)
 	return true
 }
 
@@ -166,12 +167,22 @@ func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) 
 // group launches it.
 func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 	now := time.Now().UTC()
-	size, err := s.l.opts.Providers[s.prov.Name].QuotaForLabel(s.pool.Name, sl.label)
+	size, err := s.drv.QuotaForLabel(s.pool.Name, sl.label)
 	if err != nil {
 		size = kv.Resources{Instances: 1}
 	}
+	// A new node goes to the availability zone of a node its request
+	// reuses, as Nodepool keeps the nodes of a request in one zone (the
+	// driver chooses when there is none).
+	az := ""
+	for _, id := range r.Nodes {
+		if e, ok := s.l.nodes.Get(id); ok && id != sl.node && e.Value.AZ != "" && e.Value.Provider == s.prov.Name {
+			az = e.Value.AZ
+			break
+		}
+	}
 	n := &kv.Node{
-		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label},
+		ID: sl.node, State: kv.NodeBuilding, Labels: []string{sl.label}, AZ: az,
 		Provider: s.prov.Name, Pool: s.pool.Name, Cloud: s.prov.Cloud,
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
 		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,
@@ -189,7 +200,7 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 
 // fulfil marks a pending request fulfilled with its nodes.
 func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
-	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, nodes) {
 			return kv.ErrSkip
 		}
@@ -198,8 +209,23 @@ func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
 		return nil
 	})
 	if err == nil {
-		s.l.metrics.RequestsFulfilled.Add(1)
+		s.fulfilled(e.Value.Created, id)
 	}
+}
+
+// fulfilled counts and logs a request fulfilled by this pool.
+func (s *scheduler) fulfilled(created time.Time, id string, plan ...slot) {
+	s.l.metrics.Request(s.prov.Name, s.pool.Name, metrics.RequestFulfilled, time.Since(created))
+	nodes := make([]string, 0, len(plan))
+	for _, sl := range plan {
+		nodes = append(nodes, sl.node)
+	}
+	if len(plan) == 0 {
+		if e, ok := s.l.requests.Get(id); ok {
+			nodes = e.Value.Nodes
+		}
+	}
+	s.l.log.Info("request fulfilled", "request", id, "provider", s.prov.Name, "pool", s.pool.Name, "nodes", nodes)
 }
 
 // fail marks a pending request of this pool failed.
@@ -213,7 +239,21 @@ func (s *scheduler) fail(ctx context.Context, id, reason string) {
 		return nil
 	})
 	if err == nil {
-		s.l.metrics.RequestsFailed.Add(1)
+		s.l.metrics.Request(s.prov.Name, s.pool.Name, metrics.RequestFailed, 0)
+	}
+}
+
+// noteWait records why a waiting request waits in this pool.
+func (s *scheduler) noteWait(ctx context.Context, id, why string) {
+	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) || r.Reason == why || !mayNoteWait(r.Reason, s.ref) {
+			return kv.ErrSkip
+		}
+		r.Reason = why
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		s.log.Debug("could not note why a request waits", "request", id, "err", err)
 	}
 }
 
@@ -226,7 +266,7 @@ func (s *scheduler) decline(ctx context.Context, id, why string) {
 		}
 		r.DeclinedBy = append(r.DeclinedBy, s.ref)
 		note := s.ref + ": " + why
-		if r.Reason == "" {
+		if r.Reason == "" || strings.HasPrefix(r.Reason, "waiting in pool ") {
 			r.Reason = note
 		} else {
 			r.Reason += "; " + note
@@ -235,7 +275,7 @@ func (s *scheduler) decline(ctx context.Context, id, why string) {
 		return nil
 	})
 	if err == nil {
-		s.l.metrics.RequestsDeclined.Add(1)
+		s.l.metrics.Request(s.prov.Name, s.pool.Name, metrics.RequestDeclined, 0)
 	}
 }
 
@@ -285,7 +325,7 @@ func (s *scheduler) failBroken(ctx context.Context, id, reason string) {
 		return nil
 	})
 	if err == nil {
-		s.l.metrics.RequestsFailed.Add(1)
+		s.l.metrics.Request(s.prov.Name, s.pool.Name, metrics.RequestFailed, 0)
 	} else if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 		s.log.Warn("could not fail request", "request", id, "err", err)
 	}

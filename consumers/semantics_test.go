@@ -596,13 +596,13 @@ providers:
 	}
 	h.until(10*time.Second, "leaked instance deleted", func() bool {
 		_, there := h.instances["c"].Get(leaked)
-		return !there && l.Metrics().LeakedDeleted.Load() == 1
+		return !there && l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances") == 1
 	})
 	if _, there := h.instances["c"].Get(theirs); !there {
 		t.Error("an instance that is not ours was deleted")
 	}
-	if l.Metrics().LeakedDeleted.Load() != 1 {
-		t.Errorf("leaked deleted = %d", l.Metrics().LeakedDeleted.Load())
+	if l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances") != 1 {
+		t.Errorf("leaked deleted = %v", l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances"))
 	}
 }
 

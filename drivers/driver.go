@@ -44,6 +44,14 @@ const (
 // Resources is what an instance counts against quota.
 type Resources = kv.Resources
 
+// Names of resources besides cores, RAM and instances (kv.Resources'
+// Other) that drivers count, as Nodepool names them: the volumes of nodes
+// booted from volumes (OpenStack) and their total size in GB.
+const (
+	ResourceVolumes  = "volumes"
+	ResourceVolumeGB = "volume-gb"
+)
+
 // Unlimited is a quota limit that is never reached.
 const Unlimited = int(^uint(0) >> 2)
 
@@ -163,12 +171,30 @@ type Provider interface {
 	Close()
 }
 
+// Diagnoser is implemented by drivers that can say more about a launch
+// attempt that failed (the console log of an instance that did not come
+// up); the launcher adds what Diagnose returns to the node's reason before
+// the instance is deleted. It returns "" when it has nothing to add.
+type Diagnoser interface {
+	Diagnose(ctx context.Context, req CreateRequest, externalID string) string
+}
+
 // Sweeper is implemented by drivers whose instances leave other things
 // behind in the cloud (floating IPs, ports, volumes). The cleanup leader
 // calls Sweep every sweep; known reports whether a node record exists, so
 // that what is tagged with a node that has none can be deleted.
 type Sweeper interface {
 	Sweep(ctx context.Context, known func(nodeID string) bool) error
+}
+
+// RetryAfter is how long a failure asks to wait before trying again (a
+// rate-limited cloud's Retry-After), or 0 if it does not say.
+func RetryAfter(err error) time.Duration {
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(err, &ra) {
+		return ra.RetryAfter()
+	}
+	return 0
 }
 
 // Interrupter is implemented by drivers whose cloud takes instances back

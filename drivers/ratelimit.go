@@ -75,18 +75,37 @@ func (m *limitedMachine) Advance(ctx context.Context) (Step, error) {
 }
 
 // As finds an optional interface T on a provider or on the providers it
-// wraps (RateLimited wraps).
+// wraps (RateLimited, Measured). A wrapper that adds something to the
+// calls of an optional interface (Measured measures ImageProvider's)
+// hands back T wrapped in its turn, so that what As returns is measured as
+// the provider itself is.
 func As[T any](p Provider) (T, bool) {
+	var outer []Provider
 	for p != nil {
 		if t, ok := p.(T); ok {
+			for i := len(outer) - 1; i >= 0; i-- {
+				if d, ok := outer[i].(decorator); ok {
+					if dt, ok := d.decorate(t, func(x any) bool { _, ok := x.(T); return ok }).(T); ok {
+						t = dt
+					}
+				}
+			}
 			return t, true
 		}
 		u, ok := p.(interface{ Unwrap() Provider })
 		if !ok {
 			break
 		}
+		outer = append(outer, p)
 		p = u.Unwrap()
 	}
 	var zero T
 	return zero, false
+}
+
+// decorator is a wrapper that wraps what As finds underneath it; fits
+// tells whether a wrapping still is what As looks for (x may implement
+// several optional interfaces).
+type decorator interface {
+	decorate(x any, fits func(any) bool) any
 }

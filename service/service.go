@@ -9,9 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -26,9 +31,11 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
+	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/metrics"
 )
 
 // InboxPrefix is the prefix of the reply subjects of nodepool's processes
@@ -41,8 +48,11 @@ var Version = "dev"
 // Process is a running nodepool process.
 type Process struct {
 	Settings config.Settings
-	Config   *config.Config
 	Log      *slog.Logger
+
+	// reloadMu serializes reloads; cfg is the configuration in force.
+	reloadMu sync.Mutex
+	cfg      atomic.Pointer[config.Config]
 
 	server    *server.Server
 	lock      *DataDirLock
@@ -52,12 +62,22 @@ type Process struct {
 	providers map[string]drivers.Provider
 	launcher  *consumers.Launcher
 	builder   *builder.Builder
+	metrics   *metrics.Registry
 }
 
 // Start brings a process up to the point where its roles can run: NATS
 // (embedded or external), streams, buckets and drivers.
 func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog.Logger) (*Process, error) {
-	p := &Process{Settings: s, Config: cfg, Log: log}
+	p := &Process{Settings: s, Log: log}
+	p.cfg.Store(cfg)
+	sd, err := metrics.StatsdFromEnv(nil, log)
+	if err != nil {
+		return nil, err
+	}
+	if sd != nil {
+		log.Info("sending Nodepool's statsd metrics", "statsd", os.Getenv("STATSD_HOST")+":"+os.Getenv("STATSD_PORT"))
+	}
+	p.metrics = metrics.New(sd)
 	ok := false
 	defer func() {
 		if !ok {
@@ -68,7 +88,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// Replies to nodepool's processes go to inboxes of their own, so that a
 	// user who may subscribe to _INBOX.> (nats.conf's requestor) cannot
 	// read them.
-	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix))
+	opts = append(opts, nats.CustomInboxPrefix(InboxPrefix), connectionLog(log))
 	if s.Embedded() {
 		lock, err := LockDataDir(s.DataDir, fmt.Sprintf("id %s, NATS on %s", s.ID, s.NatsListen))
 		if err != nil {
@@ -105,18 +125,21 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
 		return nil, err
 	}
+	for name, drv := range p.providers {
+		p.providers[name] = drivers.Share(drivers.Measured(drv, name, p.metrics.DriverCalls()))
+	}
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
 			ID: s.ID, Config: cfg, Providers: p.providers,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
-			Version: Version, Roles: s.Roles, Log: log,
+			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
 	if s.HasRole(config.RoleBuilder) {
-		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, log); err != nil {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, p.metrics, log); err != nil {
 			return nil, err
 		}
 	}
@@ -130,22 +153,7 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 	out := map[string]drivers.Provider{}
 	for i := range cfg.Providers {
 		pc := &cfg.Providers[i]
-		var (
-			p   drivers.Provider
-			err error
-		)
-		switch pc.Driver {
-		case "fake":
-			p, err = fake.New(ctx, js, pc, replicas, log)
-		case "static":
-			p, err = static.New(ctx, js, pc, log)
-		case "metastatic":
-			p, err = metastatic.New(ctx, js, pc, log)
-		case "aws":
-			p, err = aws.New(ctx, pc, aws.Options{Log: log})
-		default:
-			err = fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
-		}
+		p, err := NewProvider(ctx, js, pc, replicas, log)
 		if err != nil {
 			for _, q := range out {
 				q.Close()
@@ -157,10 +165,27 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 	return out, nil
 }
 
+// NewProvider constructs the driver of one provider.
+func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, replicas int, log *slog.Logger) (drivers.Provider, error) {
+	switch pc.Driver {
+	case "fake":
+		return fake.New(ctx, js, pc, replicas, log)
+	case "static":
+		return static.New(ctx, js, pc, log)
+	case "metastatic":
+		return metastatic.New(ctx, js, pc, log)
+	case "aws":
+		return aws.New(ctx, pc, aws.Options{Log: log})
+	case "openstack":
+		return openstack.New(ctx, pc, log)
+	}
+	return nil, fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
+}
+
 // NewBuilder prepares the builder role: image files go under the
 // configuration's images-dir (default <data dir>/images), build logs under
 // build-log-dir (default <data dir>/build-logs).
-func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, log *slog.Logger) (*builder.Builder, error) {
+func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, reg *metrics.Registry, log *slog.Logger) (*builder.Builder, error) {
 	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
 	if imagesDir == "" {
 		imagesDir = filepath.Join(s.DataDir, "images")
@@ -171,9 +196,82 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 	return builder.New(js, b, builder.Options{
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
-		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log,
+		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log, Metrics: reg,
 	})
 }
+
+// Config is the configuration in force.
+func (p *Process) Config() *config.Config { return p.cfg.Load() }
+
+// Reload makes a new configuration the process's, without a restart:
+// providers whose configuration is unchanged keep their driver (and the
+// machines in flight on it); a changed provider gets a new driver, and
+// its old one is closed once the work in flight on it ended; a removed
+// provider's driver likewise. The launcher restarts the pool schedulers
+// whose configuration changed, and the builder schedules by the new
+// diskimages. If a driver cannot be made, nothing changes and the error
+// says why.
+func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	old := p.Config()
+	next := map[string]drivers.Provider{}
+	var made []drivers.Provider
+	var added, changed, removed []string
+	undo := func() {
+		for _, d := range made {
+			d.Close()
+		}
+	}
+	for i := range cfg.Providers {
+		pc := &cfg.Providers[i]
+		oc, existed := old.Provider(pc.Name)
+		if existed && reflect.DeepEqual(*oc, *pc) {
+			next[pc.Name] = p.providers[pc.Name]
+			continue
+		}
+		drv, err := NewProvider(ctx, p.js, pc, p.Settings.Replicas, p.Log)
+		if err != nil {
+			undo()
+			return err
+		}
+		d := drivers.Share(drivers.Measured(drv, pc.Name, p.metrics.DriverCalls()))
+		made = append(made, d)
+		next[pc.Name] = d
+		if existed {
+			changed = append(changed, pc.Name)
+		} else {
+			added = append(added, pc.Name)
+		}
+	}
+	if p.launcher != nil {
+		if err := p.launcher.Reload(cfg, next); err != nil {
+			undo()
+			return err
+		}
+	}
+	if p.builder != nil {
+		p.builder.Reload(cfg, next)
+	}
+	for name, d := range p.providers {
+		if next[name] != d {
+			d.Close() // once the work in flight on it ended
+			if _, ok := next[name]; !ok {
+				removed = append(removed, name)
+			}
+		}
+	}
+	p.providers = next
+	p.cfg.Store(cfg)
+	slices.Sort(added)
+	slices.Sort(changed)
+	slices.Sort(removed)
+	p.Log.Info("configuration reloaded", "config", cfg.File, "providers_added", added, "providers_changed", changed, "providers_removed", removed)
+	return nil
+}
+
+// Metrics is the process's metrics registry.
+func (p *Process) Metrics() *metrics.Registry { return p.metrics }
 
 // Builder is the builder role (nil if the process does not run it).
 func (p *Process) Builder() *builder.Builder { return p.builder }
@@ -188,7 +286,11 @@ func (p *Process) JetStream() jetstream.JetStream { return p.js }
 func (p *Process) Buckets() *kv.Buckets { return p.buckets }
 
 // Providers are the constructed drivers.
-func (p *Process) Providers() map[string]drivers.Provider { return p.providers }
+func (p *Process) Providers() map[string]drivers.Provider {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	return maps.Clone(p.providers)
+}
 
 // Launcher is the launcher role (nil if the process does not run it).
 func (p *Process) Launcher() *consumers.Launcher { return p.launcher }
@@ -244,9 +346,11 @@ func (p *Process) Run(ctx context.Context) error {
 
 // Close drains the connection and stops the embedded server.
 func (p *Process) Close() {
+	p.reloadMu.Lock()
 	for _, d := range p.providers {
 		d.Close()
 	}
+	p.reloadMu.Unlock()
 	if p.nc != nil {
 		_ = p.nc.Drain()
 		deadline := time.Now().Add(5 * time.Second)
@@ -254,11 +358,34 @@ func (p *Process) Close() {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	p.metrics.Statsd().Close()
 	if p.server != nil {
 		p.server.Shutdown()
 		p.server.WaitForShutdown()
 	}
 	p.lock.Release()
+}
+
+// connectionLog logs, at the default level, each time the process loses
+// its NATS connection, gets it back, or loses it for good.
+func connectionLog(log *slog.Logger) nats.Option {
+	return func(o *nats.Options) error {
+		o.DisconnectedErrCB = func(nc *nats.Conn, err error) {
+			if err == nil {
+				return // the process closes its own connection
+			}
+			log.Warn("NATS disconnected; reconnecting", "server", nc.ConnectedUrlRedacted(), "err", err)
+		}
+		o.ReconnectedCB = func(nc *nats.Conn) {
+			log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted(), "server_id", nc.ConnectedServerId())
+		}
+		o.ClosedCB = func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Error("NATS connection closed", "err", err)
+			}
+		}
+		return nil
+	}
 }
 
 // StartEmbedded starts a nats-server with JetStream on addr (host:port),

@@ -87,7 +87,7 @@ func startSite(t *testing.T, run bool) *site {
 	if run {
 		wg.Go(func() { _ = p.Run(ctx) })
 	}
-	h := web.Handler(web.Options{Views: views, Config: cfg, Ready: p.Ready, Alive: p.Alive, ID: s.ID, Roles: s.Roles,
+	h := web.Handler(web.Options{Views: views, Config: func() *config.Config { return cfg }, Ready: p.Ready, Alive: p.Alive, ID: s.ID, Roles: s.Roles,
 		Connected: p.Conn().IsConnected, Log: log})
 	hs := httptest.NewServer(h)
 	c, err := client.New(t.Context(), p.Conn())

@@ -23,9 +23,10 @@ import (
 // Options configure the status port's handler.
 type Options struct {
 	Views *Views
-	// Config is the process's nodepool.yaml: its images and their pause
-	// complete image-status and dib-image-list.
-	Config *config.Config
+	// Config returns the process's nodepool.yaml in force (a reload may
+	// change it): its images and their pause complete image-status and
+	// dib-image-list. nil: none.
+	Config func() *config.Config
 	// Ready returns nil once the process serves (NATS connected, its roles
 	// started), or why not; /ready answers 503 with that reason.
 	Ready func() error
@@ -110,7 +111,10 @@ func wantsJSON(r *http.Request) bool {
 // orders the columns, ?node_id= narrows node-list to one node.
 func serveTable(w http.ResponseWriter, r *http.Request, o Options, name string) {
 	q := r.URL.Query()
-	opts := status.Options{Config: o.Config}
+	var opts status.Options
+	if o.Config != nil {
+		opts.Config = o.Config()
+	}
 	if name == "node-list" {
 		opts.NodeID = q.Get("node_id")
 	}

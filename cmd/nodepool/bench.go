@@ -93,7 +93,7 @@ Scenarios:
 	f.BoolVar(&asJSON, "json", false, "print every run's figures as JSON")
 	f.StringVar(&workDir, "work-dir", "", "where to keep configurations, data and launcher logs (default: a temporary folder)")
 	f.BoolVar(&printConfig, "print-config", false, "print the scenario's nodepool.yaml and exit")
-	f.StringVar(&cloud.Name, "cloud", "", "cloud scenario: the cloud on loopback whose real driver runs (aws, openstack; default openstack when built in, else aws)")
+	f.StringVar(&cloud.Name, "cloud", "", "cloud scenario: the cloud on loopback whose real driver runs (aws, openstack; default openstack)")
 	f.DurationVar(&cloud.Latency, "cloud-latency", 50*time.Millisecond, "cloud scenario: latency of every API call")
 	f.DurationVar(&cloud.Boot, "cloud-boot", 2*time.Second, "cloud scenario: boot time of a server")
 	f.Float64Var(&cloud.RateLimit, "cloud-rate", 100, "cloud scenario: API calls per second of the runs with a rate (the provider's rate key, in the driver's own unit); 0 leaves those runs out")

@@ -15,6 +15,6 @@ func (a *app) devCloudCmd() *cobra.Command {
 enough for its real clients: the driver's SDK, and the cloud's own CLI.
 Its state lives in memory until it stops.`,
 	}
-	cmd.AddCommand(a.devCloudAWSCmd())
+	cmd.AddCommand(a.devCloudOpenStackCmd(), a.devCloudAWSCmd())
 	return cmd
 }

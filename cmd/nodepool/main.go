@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -45,6 +46,28 @@ type app struct {
 	settings config.Settings
 	flags    config.Settings // values given as flags
 	out, err io.Writer
+
+	logOnce sync.Once
+	logW    *lockedWriter
+}
+
+// lockedWriter serializes writes, so that the log's records and a stack
+// dump written beside them never interleave.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// logOut is where the log goes.
+func (a *app) logOut() io.Writer {
+	a.logOnce.Do(func() { a.logW = &lockedWriter{w: a.err} })
+	return a.logW
 }
 
 func newRoot(out, errOut io.Writer) *cobra.Command {
@@ -116,9 +139,9 @@ func (a *app) logger() *slog.Logger {
 	level := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}[a.settings.LogLevel]
 	opts := &slog.HandlerOptions{Level: level}
 	if a.settings.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(a.err, opts))
+		return slog.New(slog.NewJSONHandler(a.logOut(), opts))
 	}
-	return slog.New(slog.NewTextHandler(a.err, opts))
+	return slog.New(slog.NewTextHandler(a.logOut(), opts))
 }
 
 func orDash(s string) string {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,7 +27,10 @@ func (a *app) runCmd() *cobra.Command {
 server (JetStream, files under NODEPOOL_DATA_DIR, listening on
 NODEPOOL_NATS_LISTEN, 127.0.0.1:4222 by default); otherwise it connects to
 that server. Every setting is read from its NODEPOOL_* variable and may be
-given as a flag instead. SIGINT or SIGTERM stops it cleanly.`,
+given as a flag instead. SIGINT or SIGTERM stops it cleanly; SIGHUP, or a
+change of the configuration file, reloads the configuration (a file with
+errors is refused, and the configuration in force keeps running); SIGUSR2
+writes every goroutine's stack to the log.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context()) },
 	}
@@ -81,6 +85,8 @@ func (a *app) run(ctx context.Context) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
+	sigs, stopSignals := daemonSignals()
+	defer stopSignals()
 	s := a.settings
 	if err := s.Validate(); err != nil {
 		return err
@@ -100,17 +106,19 @@ func (a *app) run(ctx context.Context) error {
 	}
 	defer p.Close()
 
+	rl := &reloader{a: a, s: s, p: p, log: log, live: cfg}
+	rl.sum = rl.digest()
 	var servers []*http.Server
 	if s.HTTPAddr != "" {
 		views := processViews(p, log)
 		go views.Run(ctx)
-		h := web.Handler(web.Options{Views: views, Config: cfg, Ready: p.Ready, Alive: p.Alive, Metrics: metricsHandler(p),
+		h := web.Handler(web.Options{Views: views, Config: rl.current, Ready: p.Ready, Alive: p.Alive, Metrics: metricsHandler(p),
 			ID: s.ID, Roles: s.Roles, Connected: p.Conn().IsConnected, Log: log})
 		srv, err := serve(s.HTTPAddr, h, log, "status API", "NODEPOOL_HTTP_ADDR (or webapp in nodepool.yaml)")
 		if err != nil {
 			return err
 		}
-		servers = append(servers, srv)
+		rl.status = &statusServer{addr: s.HTTPAddr, srv: srv, h: h}
 	}
 	if s.PprofAddr != "" {
 		srv, err := serve(s.PprofAddr, web.Pprof(), log, "profiling endpoints", "NODEPOOL_PPROF_ADDR")
@@ -120,9 +128,17 @@ func (a *app) run(ctx context.Context) error {
 		servers = append(servers, srv)
 	}
 	log.Info("nodepool running", "config", s.Config, "roles", s.Roles, "nats", natsDescription(s), "version", service.BuildVersion())
+	rctx, stopReloads := context.WithCancel(ctx)
+	var reloads sync.WaitGroup
+	reloads.Go(func() { rl.run(rctx, sigs) })
 	err = p.Run(ctx)
+	stopReloads()
+	reloads.Wait()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
+	if rl.status != nil {
+		rl.status.shutdown(sctx)
+	}
 	for _, srv := range servers {
 		_ = srv.Shutdown(sctx)
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -27,6 +29,11 @@ const failedRequestKeep = 10 * time.Minute
 // slot, takes the backing nodes of fulfilled requests (giving their first
 // slots to the nodes that waited for them), and gives back backing nodes
 // that stayed empty for grace-time, or that are past max-age and empty.
+//
+// A record it cannot read (a backing request of ours whose requestor_data
+// is not valid, a node held by us without a valid slot map) is dealt with
+// on its own and never stops the others; a pass that panics all the same
+// is logged and the next one runs at the next tick.
 func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	if err := p.synced(ctx); err != nil {
 		return
@@ -37,11 +44,20 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	defer p.requests.Unsubscribe(reqSub)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	m := &manager{p: p, filed: map[string]filed{}, orphans: map[string]int{}}
+	m := &manager{p: p, filed: map[string]filed{}, orphans: map[string]int{}, broken: map[string]uint64{}}
 	for {
 		nodeSub.Drain()
 		reqSub.Drain()
-		m.pass(ctx)
+		if !m.safePass(ctx) {
+			// No hot loop on a pass that fails: the next one waits for
+			// the tick.
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -58,6 +74,18 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// safePass runs a pass; it reports false if the pass panicked.
+func (m *manager) safePass(ctx context.Context) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.p.log.Error("metastatic manager pass failed; trying again at the next tick", "panic", r, "stack", string(debug.Stack()))
+			ok = false
+		}
+	}()
+	m.pass(ctx)
+	return true
+}
+
 // manager is one term of Manage.
 type manager struct {
 	p *Provider
@@ -68,87 +96,131 @@ type manager struct {
 	// orphans counts the passes that saw a ready carved node whose backing
 	// node is gone (deleted by an operator, say).
 	orphans map[string]int
+	// broken are records whose handling panicked, by key, with the
+	// revision that did: they are left alone until they change.
+	broken map[string]uint64
 }
 
 type filed struct {
-	data RequestData
-	at   time.Time
+	group string
+	data  RequestData
+	at    time.Time
 }
 
-// poolLabel is a metastatic pool's label.
-type poolLabel struct{ pool, label string }
-
-// openRequest is a backing request not yet fulfilled.
-type openRequest struct {
-	id   string
+// ourRequest is a backing request of ours with its requestor_data.
+type ourRequest struct {
+	kv.Entry[kv.Request]
 	data RequestData
+}
+
+// guard runs the handling of one record. A panic (a record no check
+// caught, or a bug) is logged, and the record is left alone until it
+// changes, so that one record never stops the others or loops.
+func (m *manager) guard(kind, key string, rev uint64, fn func()) {
+	bkey := kind + "/" + key
+	if r, ok := m.broken[bkey]; ok && r == rev {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			m.broken[bkey] = rev
+			m.p.log.Error("could not handle a record; leaving it alone until it changes", kind, key, "revision", rev, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	fn()
 }
 
 func (m *manager) pass(ctx context.Context) {
 	p := m.p
 	now := time.Now().UTC()
-	backings := p.backings()
-	allocated := map[string]bool{}
-	for _, b := range backings {
-		for _, id := range b.data.Allocations {
-			if id != "" {
-				allocated[id] = true
-			}
-		}
+
+	// Backing requests, as they are now (one view for the whole pass):
+	// take what was fulfilled first, so that the slots it brings count
+	// below; fail what is not valid.
+	type refused struct {
+		e   kv.Entry[kv.Request]
+		why error
 	}
+	var requests []ourRequest
+	var invalid []refused
+	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		d, ours, err := p.backingRequest(&e.Value)
+		switch {
+		case !ours:
+		case err != nil:
+			invalid = append(invalid, refused{*e, err})
+		default:
+			requests = append(requests, ourRequest{Entry: *e, data: d})
+		}
+		return true
+	})
+	for _, x := range invalid {
+		m.guard("request", x.e.Key, x.e.Revision, func() { m.refuse(ctx, x.e, x.why, now) })
+	}
+	untaken := map[string]bool{} // fulfilled requests whose node is still to take
+	for _, r := range requests {
+		if r.Value.State != kv.RequestFulfilled {
+			continue
+		}
+		untaken[r.Key] = true
+		m.guard("request", r.Key, r.Revision, func() {
+			if m.adopt(ctx, r.Entry) {
+				delete(untaken, r.Key)
+			}
+		})
+	}
+
+	backings := p.backings()
+	allocated := allocatedNodes(backings)
+	m.releaseUnreadable(ctx)
 
 	// Waiting carved nodes: building, their machine found no slot.
 	waiting := map[string]*kv.Node{}
+	waitingIn := map[string]int{} // by backing label
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := &e.Value
 		if n.Provider != p.cfg.Name || n.State != kv.NodeBuilding || allocated[e.Key] || len(n.Labels) == 0 {
 			return true
 		}
-		if d, ok := decodeJSON[CarvedData](n.DriverData); ok && d.Step == StepWaiting {
+		if d, err := decodeCarved(n.DriverData); err == nil && d.Step == StepWaiting {
 			nc := *n
 			waiting[e.Key] = &nc
+			waitingIn[p.backingLabel(n.Pool, n.Labels[0])]++
 		}
 		return true
 	})
 
 	m.dropOrphans(ctx, backings)
+	for _, r := range requests {
+		if r.Value.State == kv.RequestFailed {
+			m.guard("request", r.Key, r.Revision, func() { m.clearFailed(ctx, r.Entry, waiting, now) })
+		}
+	}
 
-	// Backing requests: take what was fulfilled, clear away what failed,
-	// count what is still open.
-	open := map[poolLabel][]openRequest{}
-	covered := map[string]bool{}
-	var fulfilled, failed []kv.Entry[kv.Request]
-	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
-		r := &e.Value
-		if r.Requestor != p.me {
-			return true
+	// Room for waiting nodes, by backing label: the free slots of backing
+	// nodes and of fulfilled requests whose node is still to take, which
+	// the nodes' machines take themselves, and the slots of backing
+	// requests not yet fulfilled (their node booting), which the nodes
+	// they list are waiting for.
+	open := map[string][]ourRequest{}
+	room := map[string]int{}
+	covered := map[string]bool{} // listed by a backing request not fulfilled, or failed
+	for _, r := range requests {
+		delete(m.filed, r.Key)
+		group := r.Value.Labels[0]
+		switch r.Value.State {
+		case kv.RequestRequested, kv.RequestPending:
+			open[group] = append(open[group], r)
+		case kv.RequestFulfilled:
+			if untaken[r.Key] {
+				room[group] += r.data.Slots
+			}
+			continue
 		}
-		d, ok := decodeJSON[RequestData](r.RequestorData)
-		if !ok || d.Provider != p.cfg.Name {
-			return true
-		}
-		delete(m.filed, e.Key)
-		for _, id := range d.Nodes {
+		for _, id := range r.data.Nodes {
 			covered[id] = true
 		}
-		switch r.State {
-		case kv.RequestFulfilled:
-			fulfilled = append(fulfilled, *e)
-		case kv.RequestFailed:
-			failed = append(failed, *e)
-		default:
-			pl := poolLabel{d.Pool, d.Label}
-			open[pl] = append(open[pl], openRequest{id: e.Key, data: d})
-		}
-		return true
-	})
-	for _, e := range fulfilled {
-		m.adopt(ctx, e, allocated)
 	}
-	for _, e := range failed {
-		m.clearFailed(ctx, e, waiting, now)
-	}
-	filedRoom := map[poolLabel]int{}
 	for id, f := range m.filed {
 		if now.Sub(f.at) > filedTimeout {
 			delete(m.filed, id)
@@ -157,33 +229,32 @@ func (m *manager) pass(ctx context.Context) {
 		for _, nid := range f.data.Nodes {
 			covered[nid] = true
 		}
-		filedRoom[poolLabel{f.data.Pool, f.data.Label}] += f.data.Slots - len(f.data.Nodes)
+		// Its room is filled once its record shows up.
+		room[f.group] += f.data.Slots - len(f.data.Nodes)
 	}
-
-	// Carved nodes that no request covers get free slots, room in open
-	// requests, or new backing requests.
-	uncovered := map[poolLabel][]*kv.Node{}
-	for id, n := range waiting {
-		if !covered[id] {
-			pl := poolLabel{n.Pool, n.Labels[0]}
-			uncovered[pl] = append(uncovered[pl], n)
-		}
-	}
-	freeSlots := map[poolLabel]int{}
 	for _, b := range backings {
 		if !p.retired(&b, now) {
-			freeSlots[poolLabel{b.data.Pool, b.data.Label}] += b.data.Slots - b.data.Used()
+			room[b.group] += b.data.Slots - b.data.Used()
 		}
 	}
-	for pl, nodes := range uncovered {
+
+	// Waiting nodes that no request covers get free slots, room in open
+	// requests, or new backing requests.
+	uncovered := map[string][]*kv.Node{}
+	for id, n := range waiting {
+		if covered[id] {
+			continue
+		}
+		if group := p.backingLabel(n.Pool, n.Labels[0]); group != "" {
+			uncovered[group] = append(uncovered[group], n)
+		}
+	}
+	for group, nodes := range uncovered {
 		slices.SortFunc(nodes, func(a, b *kv.Node) int {
 			return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
-		// The machines take free slots themselves; and the room of
-		// requests published but not recorded yet will be filled next
-		// pass.
-		skip := min(len(nodes), freeSlots[pl]+max(filedRoom[pl], 0))
-		m.cover(ctx, pl, nodes[skip:], open[pl], now)
+		skip := min(len(nodes), max(room[group], 0))
+		m.cover(ctx, group, nodes[skip:], open[group], now)
 	}
 
 	// Give back backing nodes that are no longer needed.
@@ -191,8 +262,7 @@ func (m *manager) pass(ctx context.Context) {
 		if b.data.Used() > 0 {
 			continue
 		}
-		pl := poolLabel{b.data.Pool, b.data.Label}
-		lc, known := p.label(pl.pool, pl.label)
+		lc, known := p.settings(b.group)
 		retired := p.retired(&b, now)
 		idleSince := b.data.Taken
 		if b.data.IdleSince != nil {
@@ -200,12 +270,94 @@ func (m *manager) pass(ctx context.Context) {
 		}
 		switch {
 		case !known, retired:
-		case len(uncovered[pl]) > 0:
+		case waitingIn[b.group] > 0:
 			continue // a waiting node is about to take a slot
 		case now.Sub(idleSince) < lc.GraceTime.D(), now.Sub(b.Value.Created) < lc.MinRetentionTime.D():
 			continue
 		}
 		m.release(ctx, b.Key, now)
+	}
+}
+
+// allocatedNodes is the set of carved nodes that have a slot.
+func allocatedNodes(backings []backing) map[string]bool {
+	out := map[string]bool{}
+	for _, b := range backings {
+		for _, id := range b.data.Allocations {
+			if id != "" {
+				out[id] = true
+			}
+		}
+	}
+	return out
+}
+
+// refuse fails a backing request of ours whose requestor_data is not valid
+// (made by hand, corrupt, or from a newer version), saying why, so that
+// its node, if any, goes back to its pool; it is deleted after a while.
+func (m *manager) refuse(ctx context.Context, e kv.Entry[kv.Request], why error, now time.Time) {
+	p := m.p
+	if e.Value.State == kv.RequestFailed {
+		if now.Sub(e.Value.StateTime) >= failedRequestKeep {
+			m.deleteRequest(ctx, e)
+		}
+		return
+	}
+	reason := fmt.Sprintf("not a backing request metastatic provider %s can use: %v", p.cfg.Name, why)
+	_, err := p.requests.Modify(ctx, e.Key, func(r *kv.Request) error {
+		if _, ours, err := p.backingRequest(r); !ours || err == nil || r.State == kv.RequestFailed {
+			return kv.ErrSkip
+		}
+		r.SetState(kv.RequestFailed, now)
+		r.Reason = reason
+		return nil
+	})
+	switch {
+	case err == nil:
+		p.log.Warn("failed a backing request that is not valid", "request", e.Key, "reason", reason)
+	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+		p.log.Warn("could not fail a backing request that is not valid", "request", e.Key, "err", err)
+	}
+}
+
+// releaseUnreadable gives back nodes held by this provider whose user_data
+// is not a valid slot map (corrupt, or written by hand), once no carved
+// node names them as its backing node: nothing could ever free them
+// otherwise.
+func (m *manager) releaseUnreadable(ctx context.Context) {
+	p := m.p
+	unreadable := map[string]error{}
+	named := map[string]bool{}
+	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		n := &e.Value
+		if _, held, err := p.held(n); held && err != nil {
+			unreadable[e.Key] = err
+		}
+		if n.Provider == p.cfg.Name {
+			if d, err := decodeCarved(n.DriverData); err == nil && d.BackingNode != "" {
+				named[d.BackingNode] = true
+			}
+		}
+		return true
+	})
+	for id, why := range unreadable {
+		if named[id] {
+			continue
+		}
+		now := time.Now().UTC()
+		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+			if _, held, err := p.held(n); !held || err == nil {
+				return kv.ErrSkip
+			}
+			n.SetState(kv.NodeUsed, now)
+			return nil
+		})
+		switch {
+		case err == nil:
+			p.log.Warn("gave back a node held by this provider without a valid slot map", "backing_node", id, "reason", why)
+		case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+			p.log.Warn("could not give back a node without a valid slot map", "backing_node", id, "err", err)
+		}
 	}
 }
 
@@ -225,7 +377,7 @@ func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
 		if n.Provider != p.cfg.Name || n.State != kv.NodeReady {
 			return true
 		}
-		if d, ok := decodeJSON[CarvedData](n.DriverData); ok && d.BackingNode != "" && !ours[d.BackingNode] {
+		if d, err := decodeCarved(n.DriverData); err == nil && d.BackingNode != "" && !ours[d.BackingNode] {
 			seen[e.Key] = true
 		}
 		return true
@@ -241,8 +393,8 @@ func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
 			continue
 		}
 		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
-			d, ok := decodeJSON[CarvedData](n.DriverData)
-			if n.State != kv.NodeReady || !ok || ours[d.BackingNode] {
+			d, err := decodeCarved(n.DriverData)
+			if n.State != kv.NodeReady || err != nil || ours[d.BackingNode] {
 				return kv.ErrSkip
 			}
 			p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
@@ -258,14 +410,18 @@ func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
 	}
 }
 
-// cover puts carved nodes that wait for a slot into open backing requests
-// with room, and files new backing requests for the rest.
-func (m *manager) cover(ctx context.Context, pl poolLabel, nodes []*kv.Node, open []openRequest, now time.Time) {
+// errNotOpen: a backing request is no longer waiting for its node.
+var errNotOpen = errors.New("backing request no longer open")
+
+// cover puts carved nodes that wait for a slot on a backing node of a
+// backing label into open backing requests with room, and files new
+// backing requests for the rest.
+func (m *manager) cover(ctx context.Context, group string, nodes []*kv.Node, open []ourRequest, now time.Time) {
 	p := m.p
 	if len(nodes) == 0 {
 		return
 	}
-	lc, ok := p.label(pl.pool, pl.label)
+	lc, ok := p.settings(group)
 	if !ok {
 		return
 	}
@@ -291,12 +447,12 @@ func (m *manager) cover(ctx context.Context, pl poolLabel, nodes []*kv.Node, ope
 			continue
 		}
 		var added []string
-		_, err := p.requests.Modify(ctx, r.id, func(req *kv.Request) error {
+		_, err := p.requests.Modify(ctx, r.Key, func(req *kv.Request) error {
 			if req.State != kv.RequestRequested && req.State != kv.RequestPending {
-				return kv.ErrSkip
+				return errNotOpen
 			}
-			d, ok := decodeJSON[RequestData](req.RequestorData)
-			if !ok {
+			d, ours, err := p.backingRequest(req)
+			if !ours || err != nil {
 				return kv.ErrSkip
 			}
 			// Nodes that stopped waiting (failed, deleted) leave room.
@@ -318,59 +474,62 @@ func (m *manager) cover(ctx context.Context, pl poolLabel, nodes []*kv.Node, ope
 			req.RequestorData = encodeJSON(d)
 			return nil
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, errNotOpen), errors.Is(err, kv.ErrNotFound):
+			// Fulfilled (or gone) since this pass looked: its slots may
+			// be the room these nodes need. The change brings another
+			// pass, which counts again.
+			return
+		case err != nil:
 			continue
 		}
 		ids = slices.DeleteFunc(ids, func(id string) bool { return slices.Contains(added, id) })
 	}
+	slots := slotsOf(lc)
 	for len(ids) > 0 {
-		n := min(len(ids), lc.MaxParallelJobs)
+		n := min(len(ids), slots)
 		chunk := ids[:n]
 		ids = ids[n:]
+		first, _ := p.nodes.Get(chunk[0])
+		label := ""
+		if len(first.Value.Labels) > 0 {
+			label = first.Value.Labels[0]
+		}
 		id := newRequestID()
-		d := RequestData{Provider: p.cfg.Name, Pool: pl.pool, Label: pl.label, Slots: lc.MaxParallelJobs, Nodes: slices.Clone(chunk)}
-		msg := events.RequestMessage{ID: id, Labels: []string{lc.BackingLabel}, Requestor: p.me, RequestorData: encodeJSON(d)}
+		d := RequestData{Provider: p.cfg.Name, Pool: first.Value.Pool, Label: label, Slots: slots, Nodes: slices.Clone(chunk)}
+		msg := events.RequestMessage{ID: id, Labels: []string{group}, Requestor: p.me, RequestorData: encodeJSON(d)}
 		if _, err := events.PublishRequest(ctx, p.js, msg); err != nil {
 			if ctx.Err() == nil {
-				p.log.Warn("could not request a backing node", "label", lc.BackingLabel, "err", err)
+				p.log.Warn("could not request a backing node", "label", group, "err", err)
 			}
 			return
 		}
-		m.filed[id] = filed{data: d, at: now}
-		p.log.Info("requested a backing node", "request", id, "backing_label", lc.BackingLabel, "pool", pl.pool, "label", pl.label, "waiting", chunk)
+		m.filed[id] = filed{group: group, data: d, at: now}
+		p.log.Info("requested a backing node", "request", id, "backing_label", group, "waiting", chunk)
 	}
 }
 
 // adopt takes the backing node of a fulfilled backing request, as any
-// requestor takes its nodes (ready to in-use, with a holder), recording its
-// slot map, with the first slots given to the carved nodes that waited for
-// it; then the request is deleted.
-func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request], allocated map[string]bool) {
+// requestor takes its nodes (ready to in-use, with a holder), recording an
+// empty slot map in the same update; then the request is deleted. The
+// carved nodes waiting for it take its slots themselves: a slot is only
+// ever given by the machine of its carved node, so that no node can get
+// two. It reports false when the node is still to take (a passing
+// trouble with the records).
+func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 	p := m.p
 	r := &e.Value
-	d, _ := decodeJSON[RequestData](r.RequestorData)
-	if len(r.Nodes) != 1 {
+	d, _, err := p.backingRequest(r)
+	if err != nil || len(r.Nodes) != 1 {
 		m.deleteRequest(ctx, e)
-		return
+		return true
 	}
+	group := r.Labels[0]
 	nodeID := r.Nodes[0]
 	now := time.Now().UTC()
-	slots := make([]string, d.Slots)
-	k := 0
-	for _, id := range d.Nodes {
-		ce, ok := p.nodes.Get(id)
-		if k < len(slots) && ok && !allocated[id] && ce.Value.Provider == p.cfg.Name && ce.Value.State == kv.NodeBuilding &&
-			ce.Value.Pool == d.Pool && len(ce.Value.Labels) > 0 && ce.Value.Labels[0] == d.Label {
-			slots[k] = id
-			k++
-		}
-	}
-	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: slots, Request: r.ID, Taken: now}
-	if k == 0 {
-		bd.IdleSince = &now
-	}
+	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: make([]string, d.Slots), Request: r.ID, Taken: now, IdleSince: &now}
 	cur, err := p.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
-		if n.State != kv.NodeReady || n.AllocatedTo != r.ID {
+		if n.State != kv.NodeReady || n.AllocatedTo != r.ID || len(n.Labels) != 1 || n.Labels[0] != group {
 			return kv.ErrSkip
 		}
 		n.SetState(kv.NodeInUse, now)
@@ -381,7 +540,7 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request], allocated m
 	})
 	switch {
 	case err == nil:
-		p.log.Info("took a backing node", "backing_node", nodeID, "request", r.ID, "pool", d.Pool, "label", d.Label, "slots", d.Slots, "allocated", slots[:k])
+		p.log.Info("took a backing node", "backing_node", nodeID, "request", r.ID, "backing_label", group, "slots", d.Slots, "waiting", d.Nodes)
 	case errors.Is(err, kv.ErrSkip):
 		if bdata, ours := p.owned(&cur.Value); !ours || bdata.Request != r.ID {
 			// Not ready for us and not ours: something else happened
@@ -391,15 +550,16 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request], allocated m
 	case errors.Is(err, kv.ErrNotFound):
 		p.log.Warn("backing node of a fulfilled request is gone", "backing_node", nodeID, "request", r.ID)
 	default:
-		return // try again next pass
+		return false // try again next pass
 	}
 	m.deleteRequest(ctx, e)
+	return true
 }
 
 // clearFailed deletes a failed backing request once no carved node waits
 // for it any more (they fail with its reason), or after a while.
 func (m *manager) clearFailed(ctx context.Context, e kv.Entry[kv.Request], waiting map[string]*kv.Node, now time.Time) {
-	d, _ := decodeJSON[RequestData](e.Value.RequestorData)
+	d, _, _ := m.p.backingRequest(&e.Value)
 	if now.Sub(e.Value.StateTime) < failedRequestKeep && slices.ContainsFunc(d.Nodes, func(id string) bool { return waiting[id] != nil }) {
 		return
 	}

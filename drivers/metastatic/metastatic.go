@@ -5,10 +5,13 @@
 // Nothing lives only in memory. A backing node that is ours is in-use, held
 // by that requestor, and its user_data holds its slot map (which carved node
 // has which slot); a slot is given or freed only by a revision-checked update
-// of that record, so two processes can never give one slot twice. Each
-// carved node names its backing node and slot in driver_data. A backing
-// request names in requestor_data the carved nodes waiting for it. After a
-// restart, or in another process, all of it is read back from the records.
+// of that record, so two processes can never give one slot twice. Every
+// label of the provider with the backing node's label as backing-label
+// shares it. Each carved node names its backing node and slot in
+// driver_data. A backing request names in requestor_data the carved nodes
+// waiting for it. After a restart, or in another process, all of it is read
+// back from the records, and checked (records.go): a record the driver did
+// not write is refused with a reason, never trusted.
 package metastatic
 
 import (
@@ -33,107 +36,8 @@ import (
 // requests and the holder of its backing nodes.
 func Requestor(provider string) string { return "NodePool:metastatic:" + provider }
 
-// Steps of a carved node's create machine.
-const (
-	StepWaiting   = "waiting"   // no free slot yet: waiting for a backing node
-	StepAllocated = "allocated" // has its slot
-)
-
 // pollInterval is how often a waiting create machine looks for a slot.
 const pollInterval = 250 * time.Millisecond
-
-// BackingData is what a backing node holds in user_data while it is ours.
-type BackingData struct {
-	Owner string `json:"owner"`
-	Pool  string `json:"pool"`
-	Label string `json:"label"`
-	// Slots is the number of carved nodes the backing node takes
-	// (max-parallel-jobs when it was taken).
-	Slots int `json:"slots"`
-	// Allocations has one entry per slot: the carved node's id, or "".
-	Allocations []string `json:"allocations"`
-	// Request is the backing request it was taken for.
-	Request string    `json:"request"`
-	Taken   time.Time `json:"taken"`
-	// IdleSince is when its last slot was freed (or when it was taken
-	// without any); grace-time runs from here.
-	IdleSince *time.Time `json:"idle_since,omitempty"`
-	// Released is when it was given back.
-	Released *time.Time `json:"released,omitempty"`
-}
-
-// Used counts the allocated slots.
-func (d *BackingData) Used() int {
-	n := 0
-	for _, a := range d.Allocations {
-		if a != "" {
-			n++
-		}
-	}
-	return n
-}
-
-// SlotOf returns the slot of a carved node, or -1.
-func (d *BackingData) SlotOf(nodeID string) int { return slices.Index(d.Allocations, nodeID) }
-
-// allocate gives the first free slot to a carved node; -1 if none is free.
-func (d *BackingData) allocate(nodeID string) int {
-	if s := d.SlotOf(nodeID); s >= 0 {
-		return s
-	}
-	s := slices.Index(d.Allocations, "")
-	if s >= 0 {
-		d.Allocations[s] = nodeID
-		d.IdleSince = nil
-	}
-	return s
-}
-
-// free frees a carved node's slot; when it was the last one, the backing
-// node is idle from now.
-func (d *BackingData) free(nodeID string, now time.Time) bool {
-	s := d.SlotOf(nodeID)
-	if s < 0 {
-		return false
-	}
-	d.Allocations[s] = ""
-	if d.Used() == 0 {
-		d.IdleSince = &now
-	}
-	return true
-}
-
-// CarvedData is a carved node's driver_data.
-type CarvedData struct {
-	Step        string `json:"step"`
-	BackingNode string `json:"backing_node,omitempty"`
-	Slot        int    `json:"slot"`
-}
-
-// RequestData is a backing request's requestor_data.
-type RequestData struct {
-	Provider string `json:"provider"`
-	Pool     string `json:"pool"`
-	Label    string `json:"label"`
-	Slots    int    `json:"slots"`
-	// Nodes are the carved nodes waiting for this backing node; they get
-	// its first slots when it is taken.
-	Nodes []string `json:"nodes"`
-}
-
-func decodeJSON[T any](raw json.RawMessage) (T, bool) {
-	var v T
-	if len(raw) == 0 {
-		return v, false
-	}
-	err := json.Unmarshal(raw, &v)
-	return v, err == nil
-}
-
-func encodeJSON(v any) json.RawMessage {
-	data, _ := json.Marshal(v)
-	return data
-}
 
 // Provider is one metastatic provider.
 type Provider struct {
@@ -194,22 +98,69 @@ func (p *Provider) label(pool, label string) (*config.PoolLabel, bool) {
 	return nil, false
 }
 
-// backing is a backing node of ours with its slot map.
-type backing struct {
-	kv.Entry[kv.Node]
-	data BackingData
+// backingLabel returns the backing label of a pool's label ("" if the
+// label is gone from the configuration).
+func (p *Provider) backingLabel(pool, label string) string {
+	if lc, ok := p.label(pool, label); ok {
+		return lc.BackingLabel
+	}
+	return ""
 }
 
-// owned reports whether a node is one of our backing nodes, and its data.
-func (p *Provider) owned(n *kv.Node) (BackingData, bool) {
+// settings returns how backing nodes of a backing label are shared and
+// given back: the keys of the provider's first label with that
+// backing-label (labels sharing a backing label agree on them; the
+// configuration refuses them otherwise). ok is false when no label of the
+// provider uses the backing label any more.
+func (p *Provider) settings(backingLabel string) (*config.PoolLabel, bool) {
+	if backingLabel == "" {
+		return nil, false
+	}
+	for i := range p.cfg.Pools {
+		for j := range p.cfg.Pools[i].Labels {
+			if lc := &p.cfg.Pools[i].Labels[j]; lc.BackingLabel == backingLabel {
+				return lc, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// slotsOf is the number of slots of a new backing node of a backing label.
+func slotsOf(lc *config.PoolLabel) int { return min(max(lc.MaxParallelJobs, 1), MaxSlots) }
+
+// backing is a backing node of ours with its slot map; group is its label,
+// the backing label of the carved labels that share it.
+type backing struct {
+	kv.Entry[kv.Node]
+	data  BackingData
+	group string
+}
+
+// held reports whether a node is held by this provider (in-use, holder
+// ours): a backing node of ours, whose slot map is read and checked.
+// err says why a node we hold has no valid slot map.
+func (p *Provider) held(n *kv.Node) (d BackingData, held bool, err error) {
 	if n.State != kv.NodeInUse || n.Holder != p.me {
-		return BackingData{}, false
+		return BackingData{}, false, nil
 	}
-	d, ok := decodeJSON[BackingData](n.UserData)
-	if !ok || d.Owner != p.me || len(d.Allocations) != d.Slots {
-		return BackingData{}, false
+	d, err = decodeBacking(n.UserData)
+	switch {
+	case err != nil:
+		return d, true, fmt.Errorf("user_data is not a valid slot map: %w", err)
+	case d.Owner != p.me:
+		return d, true, fmt.Errorf("user_data names owner %q; expected %q", truncate(d.Owner), p.me)
+	case len(n.Labels) != 1:
+		return d, true, fmt.Errorf("it has %d labels; expected the one backing label", len(n.Labels))
 	}
-	return d, true
+	return d, true, nil
+}
+
+// owned reports whether a node is one of our backing nodes with a valid
+// slot map, and its data.
+func (p *Provider) owned(n *kv.Node) (BackingData, bool) {
+	d, held, err := p.held(n)
+	return d, held && err == nil
 }
 
 // backings lists our backing nodes.
@@ -217,19 +168,19 @@ func (p *Provider) backings() []backing {
 	var out []backing
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		if d, ok := p.owned(&e.Value); ok {
-			out = append(out, backing{Entry: *e, data: d})
+			out = append(out, backing{Entry: *e, data: d, group: e.Value.Labels[0]})
 		}
 		return true
 	})
 	return out
 }
 
-// retired reports whether a backing node is past max-age: it takes no new
-// slots and is given back once empty. A label gone from the configuration
-// retires its backing nodes too.
+// retired reports whether a backing node takes no new slots and is given
+// back once empty: past max-age, failed a host-key check, or no label of
+// the provider uses its backing label any more.
 func (p *Provider) retired(b *backing, now time.Time) bool {
-	lc, ok := p.label(b.data.Pool, b.data.Label)
-	if !ok {
+	lc, ok := p.settings(b.group)
+	if !ok || b.data.Failed != "" {
 		return true
 	}
 	return lc.MaxAge > 0 && now.Sub(b.Value.Created) >= lc.MaxAge.D()
@@ -239,9 +190,12 @@ func (p *Provider) retired(b *backing, now time.Time) bool {
 var errNoSlot = errors.New("no free slot")
 
 // allocate finds a carved node's slot: the one it has already (a resumed
-// machine), or a free one on a backing node of its pool and label, taken
-// with a revision-checked update. It returns "" when there is none.
-func (p *Provider) allocate(ctx context.Context, nodeID, pool, label string) (string, int, error) {
+// machine), or a free one on a backing node of its backing label, taken
+// with a revision-checked update. It returns "" when there is none, and
+// while the node waits for a backing request not yet fulfilled: as in
+// Nodepool, a node counted on a backing node that is booting waits for
+// it, and leaves the free slots to the nodes the manager counted on them.
+func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, int, error) {
 	now := time.Now().UTC()
 	all := p.backings()
 	for _, b := range all {
@@ -249,9 +203,12 @@ func (p *Provider) allocate(ctx context.Context, nodeID, pool, label string) (st
 			return b.Key, s, nil
 		}
 	}
+	if p.awaitsBackingNode(nodeID) {
+		return "", -1, nil
+	}
 	var candidates []backing
 	for _, b := range all {
-		if b.data.Pool == pool && b.data.Label == label && b.data.Used() < b.data.Slots && !p.retired(&b, now) {
+		if b.group == group && b.data.Used() < b.data.Slots && !p.retired(&b, now) {
 			candidates = append(candidates, b)
 		}
 	}
@@ -266,7 +223,7 @@ func (p *Provider) allocate(ctx context.Context, nodeID, pool, label string) (st
 		slot := -1
 		_, err := p.nodes.Modify(ctx, b.Key, func(n *kv.Node) error {
 			d, ok := p.owned(n)
-			if !ok || d.Pool != pool || d.Label != label {
+			if !ok || n.Labels[0] != group || d.Failed != "" {
 				return errNoSlot
 			}
 			if slot = d.allocate(nodeID); slot < 0 {
@@ -312,6 +269,41 @@ func (p *Provider) deallocate(ctx context.Context, nodeID string) error {
 	return nil
 }
 
+// backingRequest reads a request of ours: ok when its requestor is this
+// provider; err says why its requestor_data is not valid.
+func (p *Provider) backingRequest(r *kv.Request) (d RequestData, ok bool, err error) {
+	if r.Requestor != p.me {
+		return RequestData{}, false, nil
+	}
+	d, err = decodeRequest(r.RequestorData)
+	switch {
+	case err != nil:
+		return d, true, fmt.Errorf("requestor_data is not valid: %w", err)
+	case d.Provider != p.cfg.Name:
+		return d, true, fmt.Errorf("requestor_data names provider %q; expected %q, the provider of requestor %s", truncate(d.Provider), p.cfg.Name, p.me)
+	case len(r.Labels) != 1:
+		return d, true, fmt.Errorf("it asks for %d nodes; expected one backing node", len(r.Labels))
+	}
+	return d, true, nil
+}
+
+// awaitsBackingNode reports whether a carved node is listed by a backing
+// request of ours that is not fulfilled yet.
+func (p *Provider) awaitsBackingNode(nodeID string) bool {
+	found := false
+	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		r := &e.Value
+		if r.State != kv.RequestRequested && r.State != kv.RequestPending {
+			return true
+		}
+		if d, ours, err := p.backingRequest(r); ours && err == nil && slices.Contains(d.Nodes, nodeID) {
+			found = true
+		}
+		return !found
+	})
+	return found
+}
+
 // failedRequestFor returns a failed backing request that a carved node was
 // waiting for.
 func (p *Provider) failedRequestFor(nodeID string) (kv.Request, bool) {
@@ -319,10 +311,10 @@ func (p *Provider) failedRequestFor(nodeID string) (kv.Request, bool) {
 	ok := false
 	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		r := &e.Value
-		if r.Requestor != p.me || r.State != kv.RequestFailed {
+		if r.State != kv.RequestFailed {
 			return true
 		}
-		if d, valid := decodeJSON[RequestData](r.RequestorData); valid && d.Provider == p.cfg.Name && slices.Contains(d.Nodes, nodeID) {
+		if d, ours, err := p.backingRequest(r); ours && err == nil && slices.Contains(d.Nodes, nodeID) {
 			found, ok = *r, true
 			return false
 		}
@@ -333,13 +325,15 @@ func (p *Provider) failedRequestFor(nodeID string) (kv.Request, bool) {
 
 // Create returns the machine of a carved node: it takes a slot of a backing
 // node (waiting for one as long as needed) and copies the backing node's
-// connection details.
+// connection details. A state that is not valid fails the node, saying why.
 func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
 	m := &createMachine{p: p, req: req}
 	if len(state) > 0 && string(state) != "null" {
-		if err := json.Unmarshal(state, &m.st); err != nil {
-			return nil, fmt.Errorf("metastatic: resuming create of node %s: %w", req.NodeID, err)
+		st, err := decodeCarved(state)
+		if err != nil {
+			return nil, fmt.Errorf("%w: metastatic: resuming create of node %s: driver_data is not valid: %w", drivers.ErrFatal, req.NodeID, err)
 		}
+		m.st = st
 	}
 	return m, nil
 }
@@ -364,10 +358,11 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	if err := p.synced(ctx); err != nil {
 		return drivers.Step{}, err
 	}
-	if _, ok := p.label(m.req.Pool, m.req.Label); !ok {
+	lc, ok := p.label(m.req.Pool, m.req.Label)
+	if !ok {
 		return drivers.Step{}, fmt.Errorf("%w: pool %s/%s has no label %q", drivers.ErrFatal, p.cfg.Name, m.req.Pool, m.req.Label)
 	}
-	bid, slot, err := p.allocate(ctx, m.req.NodeID, m.req.Pool, m.req.Label)
+	bid, slot, err := p.allocate(ctx, m.req.NodeID, lc.BackingLabel)
 	if err != nil {
 		// A passing trouble with the records: look again shortly.
 		p.log.Warn("could not allocate a slot; trying again", "node", m.req.NodeID, "err", err)
@@ -375,21 +370,30 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	}
 	if bid == "" {
 		if r, failed := p.failedRequestFor(m.req.NodeID); failed {
-			label := ""
-			if len(r.Labels) > 0 {
-				label = r.Labels[0]
-			}
-			return drivers.Step{}, fmt.Errorf("%w: backing request %s for a %s node failed: %s", drivers.ErrFatal, r.ID, label, r.Reason)
+			return drivers.Step{}, fmt.Errorf("%w: backing request %s for a %s node failed: %s", drivers.ErrFatal, r.ID, lc.BackingLabel, r.Reason)
 		}
 		m.st = CarvedData{Step: StepWaiting}
 		return drivers.Step{Wait: pollInterval}, nil
 	}
+	m.st = CarvedData{Step: StepAllocated, BackingNode: bid, Slot: slot}
 	bn, ok := p.nodes.Get(bid)
 	if !ok {
 		return drivers.Step{Wait: pollInterval}, nil
 	}
-	m.st = CarvedData{Step: StepAllocated, BackingNode: bid, Slot: slot}
 	inst := instanceOf(&bn.Value, m.req.NodeID, m.req.Hostname, m.req.Tags)
+	if lc.ChecksHostKey() {
+		keys, err := p.checkConnection(ctx, &bn.Value)
+		if err != nil {
+			if ctx.Err() != nil {
+				return drivers.Step{}, ctx.Err()
+			}
+			// The attempt fails (its slot is freed) and the next one
+			// goes to another backing node.
+			p.failBacking(ctx, bid, err)
+			return drivers.Step{}, fmt.Errorf("backing node %s failed the host-key check: %w", bid, err)
+		}
+		inst.HostKeys = keys
+	}
 	return drivers.Step{Done: true, Instance: &inst}, nil
 }
 
@@ -444,8 +448,12 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 			if id == "" {
 				continue
 			}
+			pool, label := b.data.Pool, b.data.Label
+			if cn, ok := p.nodes.Get(id); ok && cn.Value.Provider == p.cfg.Name && len(cn.Value.Labels) > 0 {
+				pool, label = cn.Value.Pool, cn.Value.Labels[0]
+			}
 			out = append(out, instanceOf(&b.Value, id, "", map[string]string{
-				drivers.TagProvider: p.cfg.Name, drivers.TagPool: b.data.Pool, drivers.TagNode: id, drivers.TagLabel: b.data.Label,
+				drivers.TagProvider: p.cfg.Name, drivers.TagPool: pool, drivers.TagNode: id, drivers.TagLabel: label,
 			}))
 		}
 	}

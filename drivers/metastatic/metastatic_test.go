@@ -134,7 +134,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 				return
 			}
 			results[i] = step
-			states[i], _ = decodeJSON[CarvedData](sm.State())
+			states[i], _ = decodeCarved(sm.State())
 		})
 	}
 	wg.Wait()
@@ -143,7 +143,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := decodeJSON[BackingData](e.Value.UserData)
+	d, _ := decodeBacking(e.Value.UserData)
 	done, waiting := 0, 0
 	for i, step := range results {
 		id := fmt.Sprintf("carved%02d", i)
@@ -179,7 +179,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	}
 	waitFor(t, providers[0].nodes, func() bool {
 		got, _ := providers[0].nodes.Get(backing.ID)
-		gd, _ := decodeJSON[BackingData](got.Value.UserData)
+		gd, _ := decodeBacking(got.Value.UserData)
 		return gd.Used() == 8
 	})
 	dm, _ := providers[0].Delete(first, nil)
@@ -189,7 +189,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 		}
 	}
 	e, _ = b.Nodes.Get(ctx, backing.ID)
-	d, _ = decodeJSON[BackingData](e.Value.UserData)
+	d, _ = decodeBacking(e.Value.UserData)
 	if d.Used() != 7 || slices.Contains(d.Allocations, first) {
 		t.Errorf("after delete: %v", d.Allocations)
 	}
@@ -234,7 +234,7 @@ func BenchmarkSlotCycle(b *testing.B) {
 	}
 	me := Requestor("meta")
 	now := time.Now().UTC()
-	if _, err := bs.Nodes.Create(ctx, "backing1", &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Provider: "cloud", Pool: "main",
+	if _, err := bs.Nodes.Create(ctx, "backing1", &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Labels: []string{"big"}, Provider: "cloud", Pool: "main",
 		UserData: encodeJSON(BackingData{Owner: me, Pool: "main", Label: "small", Slots: 8, Allocations: make([]string, 8), Taken: now}),
 		Created:  now, StateTime: now}); err != nil {
 		b.Fatal(err)
@@ -249,7 +249,7 @@ func BenchmarkSlotCycle(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		bid, _, err := p.allocate(ctx, "carved", "main", "small")
+		bid, _, err := p.allocate(ctx, "carved", "big")
 		if err != nil || bid != "backing1" {
 			b.Fatalf("allocate: %q, %v", bid, err)
 		}

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,9 +88,62 @@ type NodeData struct {
 	NextCheck time.Time `json:"next_check,omitzero"`
 }
 
-func nodeData(n *kv.Node) NodeData {
+// Bounds of the numbers in a static node's driver_data.
+const (
+	maxSlot     = 10000
+	maxFailures = 1 << 20
+)
+
+// Validate checks a static node's driver_data: a host, a slot and a failure
+// count within bounds, a spec digest as this driver writes it.
+func (d *NodeData) Validate() error {
+	var problems []string
+	if d.Host == "" {
+		problems = append(problems, "host is empty; expected the host's name")
+	}
+	if d.Slot < 0 || d.Slot >= maxSlot {
+		problems = append(problems, fmt.Sprintf("slot is %d; expected 0 to %d", d.Slot, maxSlot-1))
+	}
+	if len(d.Spec) != 16 || strings.Trim(d.Spec, "0123456789abcdef") != "" {
+		problems = append(problems, fmt.Sprintf("spec is %q; expected 16 hex digits", truncate(d.Spec)))
+	}
+	if d.Failures < 0 || d.Failures > maxFailures {
+		problems = append(problems, fmt.Sprintf("failures is %d; expected 0 to %d", d.Failures, maxFailures))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(problems, "; "))
+}
+
+func truncate(s string) string {
+	if len(s) > 70 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// decodeNodeData reads a static node's driver_data; the error says what is
+// wrong with it.
+func decodeNodeData(raw json.RawMessage) (NodeData, error) {
 	var d NodeData
-	_ = json.Unmarshal(n.DriverData, &d)
+	if len(raw) == 0 || string(raw) == "null" {
+		return d, errors.New("driver_data is empty")
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return NodeData{}, fmt.Errorf("driver_data is not valid JSON for it: %w", err)
+	}
+	if err := d.Validate(); err != nil {
+		return NodeData{}, fmt.Errorf("driver_data is not valid: %w", err)
+	}
+	return d, nil
+}
+
+// nodeData is a node's driver_data, or nothing when it is not valid: its
+// spec then matches no host, so the node is registered again (with data
+// of its own) as soon as it is idle.
+func nodeData(n *kv.Node) NodeData {
+	d, _ := decodeNodeData(n.DriverData)
 	return d
 }
 
@@ -197,7 +251,16 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	defer m.wg.Wait()
 	for {
 		sub.Drain()
-		m.reconcile(ctx)
+		if !m.safeReconcile(ctx) {
+			// No hot loop on a pass that fails: the next one waits for
+			// the tick.
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -212,6 +275,19 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-time.After(settle):
 		}
 	}
+}
+
+// safeReconcile runs a pass; it reports false if the pass panicked (a
+// record no check caught, or a bug), which is logged.
+func (m *manager) safeReconcile(ctx context.Context) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.p.log.Error("static pool pass failed; trying again at the next tick", "panic", r, "stack", string(debug.Stack()))
+			ok = false
+		}
+	}()
+	m.reconcile(ctx)
+	return true
 }
 
 // manager is one term of Manage.
@@ -266,7 +342,11 @@ func (m *manager) reconcile(ctx context.Context) {
 			}
 		case d.Spec != r.spec:
 			if idle {
-				m.update(ctx, r, now)
+				why := "host configuration changed"
+				if _, err := decodeNodeData(n.DriverData); err != nil {
+					why = err.Error()
+				}
+				m.update(ctx, r, why, now)
 			}
 		case n.State == kv.NodeInit && !now.Before(d.NextCheck):
 			m.check(ctx, r)
@@ -288,8 +368,9 @@ func (m *manager) register(ctx context.Context, r registration, now time.Time) {
 	}
 }
 
-// update re-registers an idle node whose host's configuration changed.
-func (m *manager) update(ctx context.Context, r registration, now time.Time) {
+// update re-registers an idle node whose host's configuration changed, or
+// whose driver_data is not valid (why says which).
+func (m *manager) update(ctx context.Context, r registration, why string, now time.Time) {
 	_, err := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
 		if n.State != kv.NodeInit && (n.State != kv.NodeReady || n.AllocatedTo != "") {
 			return kv.ErrSkip
@@ -301,7 +382,7 @@ func (m *manager) update(ctx context.Context, r registration, now time.Time) {
 		return nil
 	})
 	if err == nil {
-		m.p.log.Info("host configuration changed; registering its node again", "node", r.id, "host", r.host.Name)
+		m.p.log.Info("registering a node again", "node", r.id, "host", r.host.Name, "why", why)
 	}
 }
 
@@ -376,7 +457,7 @@ func (m *manager) check(ctx context.Context, r registration) {
 
 // recheckAfter is the wait before check number failures+1 of a host.
 func (m *manager) recheckAfter(failures int) time.Duration {
-	return min(m.interval<<min(failures-1, 8), maxRecheck)
+	return min(m.interval<<min(max(failures-1, 0), 8), maxRecheck)
 }
 
 // CheckHost checks that a host can go into service and returns its host

@@ -2,6 +2,10 @@ package static
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -9,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -113,10 +118,104 @@ func TestNodeIDsAndReregister(t *testing.T) {
 
 	until := time.Now()
 	n := &kv.Node{ID: id0, State: kv.NodeUsed, AllocatedTo: "r1", Holder: "me", LeaseUntil: &until, Requestor: "zuul", Launcher: "l1",
-		DriverData: NodeData{Host: h.Name, Spec: "abc", Failures: 2, NextCheck: until.Add(time.Hour)}.raw()}
+		DriverData: NodeData{Host: h.Name, Spec: "0123456789abcdef", Failures: 2, NextCheck: until.Add(time.Hour)}.raw()}
 	(&Provider{}).Reregister(n, until)
 	d := nodeData(n)
-	if n.State != kv.NodeInit || n.AllocatedTo != "" || n.Holder != "" || n.LeaseUntil != nil || n.Launcher != "" || d.Spec != "abc" || d.Failures != 0 || !d.NextCheck.IsZero() {
+	if n.State != kv.NodeInit || n.AllocatedTo != "" || n.Holder != "" || n.LeaseUntil != nil || n.Launcher != "" || d.Spec != "0123456789abcdef" || d.Failures != 0 || !d.NextCheck.IsZero() {
 		t.Errorf("re-registered node = %+v, driver data %+v", n, d)
+	}
+}
+
+// A node record whose driver_data is not valid (a negative failure count
+// made the recheck backoff shift by a negative amount and panic) is
+// registered again with data of its own, and its host is checked as usual.
+func TestManageRegistersNodesWithBadDataAgain(t *testing.T) {
+	t.Parallel()
+	host, port := closedPort(t)
+	cfg, err := config.Parse("test.yaml", fmt.Appendf(nil, `
+labels:
+  - name: a
+providers:
+  - name: rack
+    driver: static
+    pools:
+      - name: main
+        nodes:
+          - name: %s
+            labels: [a]
+            connection-port: %d
+            timeout: 1
+`, host, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	ctx := t.Context()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b, err := kv.Ensure(ctx, js, kv.Options{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, _ := cfg.Provider("rack")
+	h := &pc.Pools[0].Nodes[0]
+	id := NodeID("rack", "main", h, 0)
+	now := time.Now().UTC()
+	bad := []string{
+		fmt.Sprintf(`{"host": %q, "slot": 0, "spec": %q, "failures": -100}`, host, spec(h, map[string]string(pc.Pools[0].NodeAttributes))),
+		fmt.Sprintf(`{"host": %q, "slot": -3, "spec": %q}`, host, spec(h, map[string]string(pc.Pools[0].NodeAttributes))),
+		`{"host": 7}`,
+	}
+	for i, data := range bad {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			e, err := b.Nodes.Get(ctx, id)
+			n := &kv.Node{ID: id, State: kv.NodeInit, Provider: "rack", Pool: "main", Labels: []string{"a"}, HostKeys: []string{}, Created: now, StateTime: now}
+			if err == nil {
+				n = &e.Value
+			}
+			n.DriverData = json.RawMessage(data)
+			n.State = kv.NodeInit
+			if err == nil {
+				_, err = b.Nodes.Update(ctx, id, n, e.Revision)
+			} else {
+				_, err = b.Nodes.Create(ctx, id, n)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := New(ctx, js, pc, log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			mctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); p.Manage(mctx, 50*time.Millisecond) }()
+			defer func() { cancel(); <-done }()
+			wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+			defer wcancel()
+			w, err := b.Nodes.Bucket().Watch(wctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = w.Stop() }()
+			for {
+				select {
+				case <-wctx.Done():
+					t.Fatal("node not registered again and checked within 20s")
+				case ke := <-w.Updates():
+					if ke == nil {
+						continue
+					}
+					var got kv.Node
+					if json.Unmarshal(ke.Value(), &got) != nil {
+						continue
+					}
+					if d, err := decodeNodeData(got.DriverData); err == nil && d.Failures >= 1 && strings.Contains(got.Reason, "unreachable") {
+						return
+					}
+				}
+			}
+		})
 	}
 }

@@ -1,0 +1,35 @@
+package consumers_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// A request that reuses a ready node gets its new nodes in that node's
+// availability zone: the scheduler writes the zone on their records, and
+// the driver boots them there.
+func TestNewNodesFollowTheZoneOfReusedOnes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels: [{name: small, min-ready: 1}]
+providers:
+  - name: c
+    driver: fake
+    boot-delay: 1
+    pools: [{name: p, labels: [small]}]
+`)
+	h.startLauncher("l1")
+	h.until(30*time.Second, "a ready unallocated node", func() bool {
+		return h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeReady && n.AZ != "" && n.AllocatedTo == "" }) == 1
+	})
+	id := h.submit(events.RequestMessage{Labels: []string{"small", "small", "small", "small"}, Requestor: "t"})
+	h.until(30*time.Second, "a new node of the request in the reused node's zone", func() bool {
+		return h.countNodes(func(n *kv.Node) bool {
+			return n.State == kv.NodeBuilding && n.AllocatedTo == id && n.AZ == "fake-az"
+		}) >= 1
+	})
+	h.waitDone(30*time.Second, id)
+}

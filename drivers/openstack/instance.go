@@ -1,0 +1,148 @@
+package openstack
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+
+	"github.com/nodepool-nats/nodepool/drivers"
+)
+
+// toInstance is a server as the launcher sees it.
+func (p *Provider) toInstance(s *server) drivers.Instance {
+	inst := drivers.Instance{
+		ExternalID: s.ID, Name: s.Name, Tags: s.Metadata, AZ: s.AZ, Region: p.region(),
+		Resources: drivers.Resources{Instances: 1}, ImageID: s.imageID(),
+	}
+	if inst.Tags == nil {
+		inst.Tags = map[string]string{}
+	}
+	if id := p.cfg.NodepoolID; id != "" && inst.Tags[drivers.TagProvider] == p.cfg.Name && inst.Tags[TagNodepoolID] != id {
+		// Another nodepool's server under the same provider name: not ours.
+		tags := make(map[string]string, len(inst.Tags))
+		for k, v := range inst.Tags {
+			if k != drivers.TagProvider {
+				tags[k] = v
+			}
+		}
+		inst.Tags = tags
+	}
+	inst.Resources.Cores, inst.Resources.RAM = p.serverSize(s)
+	p.setAddresses(&inst, s)
+	return inst
+}
+
+// serverSize is the cores and RAM of a server's flavor: embedded in the
+// server (microversion 2.47 and later), or looked up by the flavor's id.
+func (p *Provider) serverSize(s *server) (int, int) {
+	if s.Flavor.ID == "" {
+		return s.Flavor.VCPUs, s.Flavor.RAM
+	}
+	p.catMu.Lock()
+	defer p.catMu.Unlock()
+	for _, f := range p.flavors {
+		if f.ID == s.Flavor.ID {
+			return f.VCPUs, f.RAM
+		}
+	}
+	return 0, 0
+}
+
+func (p *Provider) region() string {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.cl != nil && p.cl.region != "" {
+		return p.cl.region
+	}
+	return p.cfg.Region
+}
+
+// setAddresses reads a server's addresses as openstacksdk does: floating
+// IPs and fixed IPs on external networks are public, other fixed IPv4
+// addresses private, global IPv6 addresses public; the interface IP is
+// the public IPv4, else the public IPv6, else the private IPv4.
+func (p *Provider) setAddresses(inst *drivers.Instance, s *server) {
+	external := p.externalNames()
+	nets := make([]string, 0, len(s.Addresses))
+	for n := range s.Addresses {
+		nets = append(nets, n)
+	}
+	slices.Sort(nets)
+	for _, net := range nets {
+		for _, a := range s.Addresses[net] {
+			addr, kind := a.Addr, a.Type
+			ip, err := netip.ParseAddr(addr)
+			if err != nil {
+				continue
+			}
+			switch {
+			case ip.Is4() && (kind == "floating" || external[net]):
+				if inst.PublicIPv4 == "" {
+					inst.PublicIPv4 = addr
+				}
+			case ip.Is4():
+				if inst.PrivateIPv4 == "" {
+					inst.PrivateIPv4 = addr
+				}
+			case ip.Is6() && ip.IsGlobalUnicast():
+				if inst.PublicIPv6 == "" {
+					inst.PublicIPv6 = addr
+				}
+			}
+		}
+	}
+	switch {
+	case inst.PublicIPv4 != "":
+		inst.InterfaceIP = inst.PublicIPv4
+	case inst.PublicIPv6 != "":
+		inst.InterfaceIP = inst.PublicIPv6
+	default:
+		inst.InterfaceIP = inst.PrivateIPv4
+	}
+}
+
+// externalNames are the names of the cloud's external networks, as last
+// read (none before the first create).
+func (p *Provider) externalNames() map[string]bool {
+	p.catMu.Lock()
+	defer p.catMu.Unlock()
+	return p.external
+}
+
+// loadExternalNames reads which networks are external, for telling public
+// addresses from private ones.
+func (p *Provider) loadExternalNames(ctx context.Context, cl *clients) error {
+	p.catMu.Lock()
+	fresh := p.external != nil && time.Since(p.externalAt) < catalogTTL
+	p.catMu.Unlock()
+	if fresh {
+		return nil
+	}
+	return p.lookups.do(ctx, "external-networks", func() error {
+		pages, err := networks.List(cl.network, networks.ListOpts{}).AllPages(ctx)
+		if err != nil {
+			return wrapf(err, "listing networks")
+		}
+		var all []struct {
+			Name     string `json:"name"`
+			External bool   `json:"router:external"`
+		}
+		if err := networks.ExtractNetworksInto(pages, &all); err != nil {
+			return fmt.Errorf("reading networks: %w", err)
+		}
+		ext := map[string]bool{}
+		for _, n := range all {
+			if n.External {
+				ext[n.Name] = true
+			}
+		}
+		p.catMu.Lock()
+		p.external, p.externalAt = ext, time.Now()
+		p.catMu.Unlock()
+		return nil
+	})
+}
