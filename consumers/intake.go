@@ -170,13 +170,29 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 // have deleted it since: then only a key that never existed may be
 // created. An id the stream assigned is unique, so its key is never
 // created twice either. A client may reuse its own id after deleting a
-// request, which the first delivery of a new message allows.
+// request: a message published after the deletion makes the record again.
+// Its delivery count does not tell a redelivery from a new message (it
+// starts again at one when the consumer's state is lost with a server of
+// the cluster, and a request resurrected so would pin its nodes), but
+// when it was published does.
 func (l *Launcher) recordRequest(ctx context.Context, rec *kv.Request, meta *jetstream.MsgMetadata) error {
-	create := l.requests.Create
-	if meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
-		create = l.createNewRequest
+	_, err := l.createNewRequest(ctx, rec.ID, rec)
+	if !errors.Is(err, kv.ErrExists) || meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
+		return err
 	}
-	_, err := create(ctx, rec.ID, rec)
+	deleted, at, rev, err := l.b.Requests.LastDeletion(ctx, rec.ID)
+	switch {
+	case err != nil:
+		return err
+	case !deleted:
+		return kv.ErrExists // recorded and not deleted
+	case !meta.Timestamp.After(at):
+		return kv.ErrExists // recorded, and deleted after this message was published
+	}
+	_, err = l.requests.Update(ctx, rec.ID, rec, rev)
+	if errors.Is(err, kv.ErrConflict) {
+		return kv.ErrExists // made again meanwhile, by another delivery
+	}
 	return err
 }
 

@@ -187,6 +187,22 @@ func (s *Store[T]) CreateNew(ctx context.Context, key string, v *T) (uint64, err
 	return rev, nil
 }
 
+// LastDeletion reports whether a key's last change is its deletion, and
+// then when the bucket took it and at which revision (a Create or an
+// Update at that revision makes the key live again). A key that never held
+// a record, or whose delete marker was purged, is ErrNotFound.
+func (s *Store[T]) LastDeletion(ctx context.Context, key string) (deleted bool, at time.Time, rev uint64, err error) {
+	h, err := s.kv.History(ctx, key)
+	if err != nil {
+		return false, time.Time{}, 0, fmt.Errorf("reading the history of %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+	}
+	last := h[len(h)-1]
+	if last.Operation() == jetstream.KeyValuePut {
+		return false, time.Time{}, last.Revision(), nil
+	}
+	return true, last.Created(), last.Revision(), nil
+}
+
 // Update writes a record if it is still at revision rev; ErrConflict if not.
 func (s *Store[T]) Update(ctx context.Context, key string, v *T, rev uint64) (uint64, error) {
 	data, err := json.Marshal(v)
