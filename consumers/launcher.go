@@ -22,6 +22,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
@@ -201,7 +202,9 @@ func (l *Launcher) Run(ctx context.Context) error {
 		}
 	}
 
-	if err := l.heartbeat(ctx); err != nil {
+	// A cluster electing a leader is waited out: a process started then
+	// must not give up.
+	if _, err := natsretry.Do(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.heartbeat(ctx) }); err != nil {
 		return fmt.Errorf("registering launcher: %w", err)
 	}
 

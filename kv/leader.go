@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 )
 
 // A KV Get is a JetStream direct get, which any replica of a replicated
@@ -31,7 +33,7 @@ type leaderKV struct {
 // ReadFromLeader returns the bucket itself when it has one replica, and
 // otherwise the bucket with its Get sent to the leader of its stream.
 func ReadFromLeader(ctx context.Context, js jetstream.JetStream, b jetstream.KeyValue) (jetstream.KeyValue, error) {
-	st, err := b.Status(ctx)
+	st, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.KeyValueStatus, error) { return b.Status(ctx) })
 	if err != nil {
 		return nil, fmt.Errorf("reading the status of bucket %s: %w", b.Bucket(), err)
 	}
