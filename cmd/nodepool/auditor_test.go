@@ -45,6 +45,7 @@ type auditor struct {
 	violations []string
 	created    map[string]int       // instance id: creations seen
 	givenTo    map[string]string    // node: the request it was fulfilled for
+	inUseFor   map[string]string    // node: the request it was taken for
 	since      map[string]time.Time // a condition (kind/key): when first seen
 	reported   map[string]bool
 	failed     map[string]string // request: reason it failed
@@ -59,7 +60,7 @@ type auditor struct {
 // startAuditor audits the records that rec watches until the test ends
 // or stop is called.
 func startAuditor(t *testing.T, rec *records, lim limits) (a *auditor, stop func()) {
-	a = &auditor{t: t, rec: rec, lim: lim, created: map[string]int{}, givenTo: map[string]string{},
+	a = &auditor{t: t, rec: rec, lim: lim, created: map[string]int{}, givenTo: map[string]string{}, inUseFor: map[string]string{},
 		since: map[string]time.Time{}, reported: map[string]bool{}, failed: map[string]string{}, peakPool: map[string]int{}}
 	sn, sr, si := rec.nodes.Subscribe(), rec.requests.Subscribe(), rec.instances.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -84,7 +85,9 @@ func startAuditor(t *testing.T, rec *records, lim limits) (a *auditor, stop func
 			for _, ch := range si.Drain() {
 				a.instanceChange(ch)
 			}
-			sn.Drain()
+			for _, ch := range sn.Drain() {
+				a.nodeChange(ch)
+			}
 			for _, ch := range sr.Drain() {
 				a.requestChange(ch)
 			}
@@ -143,14 +146,34 @@ func (a *auditor) requestChange(ch kv.Change[kv.Request]) {
 	case r.State == kv.RequestFulfilled && was != kv.RequestFulfilled:
 		a.fulfilled++
 		for _, nid := range r.Nodes {
-			if prev, ok := a.givenTo[nid]; ok && prev != r.ID {
-				a.violate("two/"+nid, "node %s given to request %s and to request %s", nid, prev, r.ID)
+			// A request deleted before its nodes were taken frees them.
+			if prev, ok := a.givenTo[nid]; ok && prev != r.ID && a.holds(prev, nid) {
+				a.violate("two/"+nid, "node %s given to request %s, which still holds it, and to request %s", nid, prev, r.ID)
 			}
 			a.givenTo[nid] = r.ID
 		}
 	case r.State == kv.RequestFailed && was != kv.RequestFailed:
 		a.failed[r.ID] = r.Reason
 	}
+}
+
+// holds reports whether a request still exists, fulfilled with a node.
+func (a *auditor) holds(request, node string) bool {
+	e, ok := a.rec.requests.Get(request)
+	return ok && e.Value.State == kv.RequestFulfilled && slices.Contains(e.Value.Nodes, node)
+}
+
+// nodeChange: a node is taken (in use) for one request only.
+func (a *auditor) nodeChange(ch kv.Change[kv.Node]) {
+	a.changes++
+	if ch.New == nil || ch.New.Value.State != kv.NodeInUse || (ch.Old != nil && ch.Old.Value.State == kv.NodeInUse) {
+		return
+	}
+	n := &ch.New.Value
+	if prev, ok := a.inUseFor[ch.Key]; ok && prev != n.AllocatedTo {
+		a.violate("taken-twice/"+ch.Key, "node %s taken for request %s and for request %s", ch.Key, prev, n.AllocatedTo)
+	}
+	a.inUseFor[ch.Key] = n.AllocatedTo
 }
 
 // lasting reports whether a condition has held for longer than d; hold
