@@ -56,7 +56,7 @@ const (
 
 // The chaos test: four `nodepool run` launchers on a three-server R3
 // cluster serve a steady stream of requests while, every few seconds, one
-// or two launchers are killed at once (SIGKILL) and started again, a NATS
+// to three launchers are killed at once (SIGKILL) and started again, a NATS
 // server of the cluster is killed (often the leader of a stream the
 // launchers live on) and started again on its store, and an operator
 // deletes nodes and holds others, with the CLI and the Go client. An
@@ -157,7 +157,7 @@ func TestChaos(t *testing.T) {
 			break
 		}
 		switch x := rng.IntN(100); {
-		case x < 35: // one or two launchers at once
+		case x < 35: // one to three of the four launchers at once
 			downMu.Lock()
 			var victims []string
 			for _, id := range ids {
@@ -166,7 +166,7 @@ func TestChaos(t *testing.T) {
 				}
 			}
 			rng.Shuffle(len(victims), func(i, j int) { victims[i], victims[j] = victims[j], victims[i] })
-			victims = victims[:min(len(victims), 1+rng.IntN(2))]
+			victims = victims[:min(len(victims), 1+rng.IntN(3))]
 			for _, id := range victims {
 				down[id] = true
 			}
