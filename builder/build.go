@@ -85,7 +85,7 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 	held, err := lease.TryAcquire(ctx)
 	if err != nil {
 		log.Warn("could not take the build lease; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	if !held {
@@ -109,7 +109,7 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the builds; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	interrupted := 0
@@ -139,7 +139,7 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 	build, err := b.startBuild(ctx, di, formats, meta.Sequence.Stream)
 	if err != nil {
 		log.Warn("could not start the build; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	b.runBuild(ctx, msg, lease, di, build, log.With("build", build.Value.ID))
@@ -250,7 +250,7 @@ func (b *Builder) runBuild(ctx context.Context, msg jetstream.Msg, lease *kv.Lea
 		// its files are not ours to keep.
 		log.Warn("build record changed under the build; discarding its files", "err", werr)
 		_ = b.deleteFiles(wctx, build.Image, build.ID)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	switch {

@@ -16,8 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,6 +101,10 @@ type Options struct {
 	Log      *slog.Logger
 	// Metrics is the process's metrics registry (nil: a private one).
 	Metrics *metrics.Registry
+	// Pacer paces the providers' API calls (image uploads, deletes and
+	// listings), shared with the launcher of the same process (nil: one
+	// of the builder's own).
+	Pacer *drivers.Pacer
 }
 
 // Builder is one process's share of the builder's worker groups.
@@ -154,7 +160,16 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	if opts.BuildWorkers < 0 || opts.UploadWorkers < 0 {
 		return nil, fmt.Errorf("worker counts must be 0 or more, got %d build and %d upload workers", opts.BuildWorkers, opts.UploadWorkers)
 	}
-	if opts.LeaseTTL == 0 {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	switch {
+	case b.LeaseTTL > 0 && opts.LeaseTTL != 0 && opts.LeaseTTL != b.LeaseTTL:
+		opts.Log.Warn("the builder's lease TTL differs from the buckets' TTL; using the buckets'", "configured", opts.LeaseTTL, "buckets", b.LeaseTTL)
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0 && b.LeaseTTL > 0:
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0:
 		opts.LeaseTTL = 10 * time.Second
 	}
 	if opts.SyncInterval == 0 {
@@ -163,8 +178,8 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	if opts.RetryBase == 0 {
 		opts.RetryBase = DefaultRetryBase
 	}
-	if opts.Log == nil {
-		opts.Log = slog.Default()
+	if opts.Pacer == nil {
+		opts.Pacer = drivers.NewPacer(opts.Log)
 	}
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])
@@ -178,7 +193,7 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 		uploads: kv.NewCache(img.Uploads, log),
 		active:  map[string]bool{},
 	}
-	bl.live.Store(&liveConfig{cfg: opts.Config, providers: opts.Providers})
+	bl.live.Store(&liveConfig{cfg: opts.Config, providers: bl.pace(opts.Config, opts.Providers)})
 	bl.metrics = metrics.NewBuilder(opts.Metrics, bl.workers)
 	return bl, nil
 }
@@ -199,8 +214,22 @@ func (b *Builder) providers() map[string]drivers.Provider { return b.live.Load()
 // scheduler's next pass schedules by its diskimages and providers; builds
 // and uploads in flight finish with what they started with.
 func (b *Builder) Reload(cfg *config.Config, providers map[string]drivers.Provider) {
-	b.live.Store(&liveConfig{cfg: cfg, providers: providers})
+	b.live.Store(&liveConfig{cfg: cfg, providers: b.pace(cfg, providers)})
 	b.log.Info("builder configuration reloaded", "images", len(cfg.DiskimageNames()))
+}
+
+// pace makes the drivers' calls go through the process's limiters (the
+// providers' rate), as the launcher's do.
+func (b *Builder) pace(cfg *config.Config, providers map[string]drivers.Provider) map[string]drivers.Provider {
+	out := make(map[string]drivers.Provider, len(providers))
+	for name, p := range providers {
+		rate := 0.0
+		if pc, ok := cfg.Provider(name); ok {
+			rate = pc.CallsPerSecond()
+		}
+		out[name] = b.opts.Pacer.Pace(name, p, rate)
+	}
+	return out
 }
 
 // Metrics returns the builder's series.
@@ -287,6 +316,15 @@ func (b *Builder) Run(ctx context.Context) error {
 			return fmt.Errorf("registering builder: %w", err)
 		}
 		wg.Go(func() { b.keepHeartbeat(ctx) })
+		// A builder on its own keeps its share of the rates (with a
+		// launcher in the process, the launcher does).
+		components := kv.NewCache(b.b.Components, b.log)
+		caches.Go(func() { _ = components.Run(cacheCtx) })
+		wg.Go(func() {
+			if components.WaitSynced(ctx) == nil {
+				b.opts.Pacer.Share(ctx, components)
+			}
+		})
 	}
 	if err := b.startWorkers(ctx, &wg, BuildConsumer, "image builds", events.BuildsSubject, b.opts.BuildWorkers, b.handleBuild); err != nil {
 		return err
@@ -338,6 +376,42 @@ func (b *Builder) cleanBuildDirs() {
 	}
 }
 
+// triggerMaxDeliver bounds the deliveries of a build or upload trigger: one
+// that could not be acted on (NATS errors, a build interrupted again and
+// again) is given up past it, and the image scheduler triggers again what
+// is still needed.
+const triggerMaxDeliver = 20
+
+// nakLater hands a trigger back to be delivered again after a delay that
+// grows with its deliveries (1 s doubling up to a minute, less up to a
+// quarter at random).
+func nakLater(msg jetstream.Msg) {
+	n := uint64(1)
+	if meta, err := msg.Metadata(); err == nil {
+		n = meta.NumDelivered
+	}
+	d := time.Minute
+	if n < 7 {
+		d = time.Second << (n - 1)
+	}
+	_ = msg.NakWithDelay(d - time.Duration(mrand.Int64N(int64(d)/4+1)))
+}
+
+// handleGuarded runs a trigger's handler; one that panics is logged and
+// the trigger terminated with the reason (never delivered again), and the
+// worker goes on. A build or upload it had recorded loses its lease and is
+// failed by the image scheduler.
+func (b *Builder) handleGuarded(ctx context.Context, msg jetstream.Msg, what string, handle func(context.Context, jetstream.Msg)) {
+	defer func() {
+		if p := recover(); p != nil {
+			b.log.Error("handling a trigger panicked; dropping it", "group", what, "subject", msg.Subject(), "panic", p, "stack", string(debug.Stack()))
+			b.metrics.TriggerDropped()
+			_ = msg.TermWithReason(fmt.Sprintf("internal error (a bug, please report it): %v", p))
+		}
+	}()
+	handle(ctx, msg)
+}
+
 // startWorkers creates a worker group's durable consumer and runs n
 // workers that each take one trigger at a time, so a trigger waits in the
 // stream, not in a process, until a worker is free.
@@ -353,6 +427,7 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 			FilterSubject: subject,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       b.ackWait(),
+			MaxDeliver:    triggerMaxDeliver,
 			MaxAckPending: 1000,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
@@ -383,7 +458,7 @@ func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string
 			wait.Sleep(ctx, time.Second)
 			continue
 		}
-		handle(ctx, msg)
+		b.handleGuarded(ctx, msg, what, handle)
 	}
 }
 

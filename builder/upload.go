@@ -74,7 +74,7 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 	held, err := lease.TryAcquire(ctx)
 	if err != nil {
 		log.Warn("could not take the upload lease; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	if !held {
@@ -96,13 +96,13 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the builds; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	uploads, err := b.img.Uploads.Filtered(kv.UploadKeys(image, provider)).List(ctx)
 	if err != nil {
 		log.Warn("could not read the uploads; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	format := drv.ImageFormat()
@@ -142,7 +142,7 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 	rec, err := b.startUpload(ctx, existing, &target, provider, format)
 	if err != nil {
 		log.Warn("could not start the upload; trying later", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+		nakLater(msg)
 		return
 	}
 	b.runUpload(ctx, msg, lease, drv, &target, rec, log.With("build", target.ID, "upload", rec.Value.ID, "attempt", rec.Value.Attempt))

@@ -37,7 +37,22 @@ type Client struct {
 	js    jetstream.JetStream
 	b     *kv.Buckets
 	owned bool
+
+	// RequestLease is the lease Request gives the requests it makes: the
+	// request carries lease_until that far ahead, renewed every third of
+	// it while Request runs, so a requestor that vanishes (killed, cut
+	// off) frees its nodes once the lease runs out. 0 means
+	// DefaultRequestLease; a negative value makes requests without a
+	// lease, which live until deleted.
+	RequestLease time.Duration
 }
+
+// DefaultRequestLease is the lease of a request made by Request.
+const DefaultRequestLease = time.Minute
+
+// abandonWait bounds how long a requestor that gives up waits for its
+// request to be recorded (and deleted).
+const abandonWait = 5 * time.Second
 
 // ConnectOptions builds nats.Options from the process settings: URL, creds
 // and TLS. With no URL it points at the embedded server's address.
@@ -316,33 +331,140 @@ func (c *Client) DeleteRequest(ctx context.Context, id string) error {
 	return err
 }
 
+// RenewRequest extends the lease of a request (its lease_until).
+func (c *Client) RenewRequest(ctx context.Context, id string, until time.Time) error {
+	_, err := c.b.Requests.Modify(ctx, id, func(r *kv.Request) error {
+		until := until.UTC()
+		r.LeaseUntil = &until
+		return nil
+	})
+	return err
+}
+
+// keepRequest renews a request's lease every third of it until ctx ends. A
+// request not recorded yet is renewed once it is.
+func (c *Client) keepRequest(ctx context.Context, id string, lease time.Duration) {
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = c.RenewRequest(ctx, id, time.Now().Add(lease)) // Wait sees a request that went
+		}
+	}
+}
+
+// Abandon deletes a request its requestor gives up on, freeing the nodes
+// allocated to it and not taken. A request published but not recorded yet
+// is waited for, up to the deadline of ctx, and deleted once it is.
+func (c *Client) Abandon(ctx context.Context, id string) error {
+	w, err := c.b.Requests.WatchKeys(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("request %s was not recorded in time to be deleted: %w", id, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("abandoning request %s: watch closed", id)
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				if e != nil {
+					return nil // deleted already
+				}
+				continue
+			}
+			err := c.b.Requests.Delete(ctx, id, e.Revision())
+			if err == nil || errors.Is(err, kv.ErrNotFound) {
+				return nil
+			}
+			if !errors.Is(err, kv.ErrConflict) {
+				return err
+			}
+			// Changed meanwhile: the watch brings the new revision.
+		}
+	}
+}
+
+func (c *Client) requestLease() time.Duration {
+	if c.RequestLease == 0 {
+		return DefaultRequestLease
+	}
+	return c.RequestLease
+}
+
 // Request runs the whole requestor protocol: submit, wait, take every node
-// for holder, delete the request. It returns the nodes in label order. If
-// taking fails half way, the nodes taken are given back.
-func (c *Client) Request(ctx context.Context, m events.RequestMessage, holder string) ([]kv.Node, error) {
+// for holder, delete the request. It returns the nodes in label order.
+// The request carries a lease (RequestLease), renewed while Request runs.
+// Whatever ends it early (ctx cancelled or past its deadline, a failed
+// request, an error), the nodes already taken are given back and the
+// request is deleted, so nothing stays allocated to a requestor that gave
+// up.
+func (c *Client) Request(ctx context.Context, m events.RequestMessage, holder string) (nodes []kv.Node, err error) {
+	lease := c.requestLease()
+	if lease > 0 && m.LeaseUntil == nil {
+		until := time.Now().Add(lease).UTC()
+		m.LeaseUntil = &until
+	}
 	id, err := c.Submit(ctx, m)
 	if err != nil {
+		// The message may have been stored all the same (the answer was
+		// lost, or ctx ended while waiting for it): a request with an id
+		// of its own is withdrawn; one without is freed by its lease.
+		if m.ID != "" {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonWait)
+			defer cancel()
+			_ = c.Abandon(actx, m.ID)
+		}
 		return nil, err
+	}
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonWait)
+		defer cancel()
+		for _, n := range nodes {
+			_ = c.Return(actx, n.ID)
+		}
+		nodes = nil
+		if aerr := c.Abandon(actx, id); aerr != nil {
+			err = fmt.Errorf("%w (and the request could not be deleted: %v; its lease, if any, frees it)", err, aerr)
+		}
+	}()
+	if lease > 0 {
+		kctx, stop := context.WithCancel(ctx)
+		renewed := make(chan struct{})
+		go func() {
+			defer close(renewed)
+			c.keepRequest(kctx, id, lease)
+		}()
+		defer func() {
+			stop()
+			<-renewed
+		}()
 	}
 	r, err := c.Wait(ctx, id)
 	if err != nil {
-		if errors.Is(err, ErrRequestFailed) {
-			_ = c.DeleteRequest(context.WithoutCancel(ctx), id)
-		}
 		return nil, err
 	}
-	nodes := make([]kv.Node, 0, len(r.Value.Nodes))
+	nodes = make([]kv.Node, 0, len(r.Value.Nodes))
 	for _, nid := range r.Value.Nodes {
 		e, err := c.Take(ctx, nid, id, holder, nil)
 		if err != nil {
-			for _, n := range nodes {
-				_ = c.Return(context.WithoutCancel(ctx), n.ID)
-			}
-			_ = c.DeleteRequest(context.WithoutCancel(ctx), id)
-			return nil, fmt.Errorf("taking node %s of request %s: %w", nid, id, err)
+			return nodes, fmt.Errorf("taking node %s of request %s: %w", nid, id, err)
 		}
 		nodes = append(nodes, e.Value)
 	}
+	// The nodes are the requestor's now, whatever happens to the request
+	// (its lease, if any, deletes it if this cannot).
+	done = true
 	if err := c.DeleteRequest(ctx, id); err != nil && !errors.Is(err, kv.ErrNotFound) {
 		return nodes, fmt.Errorf("deleting request %s after taking its nodes: %w", id, err)
 	}

@@ -85,6 +85,7 @@ func (c *cleanup) run(ctx context.Context) {
 		c.handBack(ctx)
 		c.revisit(ctx)
 		c.expire(ctx)
+		c.expireRequests(ctx)
 		c.requests(ctx)
 		for name := range c.l.current().providers {
 			if u, ok := c.l.use(name); ok {
@@ -245,6 +246,33 @@ func (c *cleanup) expire(ctx context.Context) {
 			l.log.Warn("could not delete expired node", "node", id, "err", err)
 		}
 	}
+}
+
+// expireRequests deletes requests whose lease ran out: their requestor
+// stopped renewing lease_until, so it is gone. Nodes allocated to them and
+// not taken are freed as for any deleted request.
+func (c *cleanup) expireRequests(ctx context.Context) {
+	l := c.l
+	now := time.Now()
+	var due []kv.Entry[kv.Request]
+	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+		if requestExpired(&e.Value, now) {
+			due = append(due, *e)
+		}
+		return true
+	})
+	for _, e := range due {
+		l.log.Info("request lease ran out; deleting the request", "request", e.Key, "requestor", e.Value.Requestor,
+			"lease_until", e.Value.LeaseUntil.Format(time.RFC3339))
+		if err := l.requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not delete request", "request", e.Key, "err", err)
+		}
+	}
+}
+
+// requestExpired reports whether a request's lease ran out.
+func requestExpired(r *kv.Request, now time.Time) bool {
+	return r.LeaseUntil != nil && now.After(*r.LeaseUntil)
 }
 
 // requests fails waiting requests that every live pool declined and puts

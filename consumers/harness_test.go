@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +47,9 @@ type harness struct {
 
 	// wrap, if set, wraps each driver of the launchers started from now.
 	wrap func(provider string, p drivers.Provider) drivers.Provider
+
+	mu        sync.Mutex
+	launchers []*launcher // started, running or not
 }
 
 func testLog(t testing.TB) *slog.Logger {
@@ -177,6 +181,9 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 		h.t.Fatal(err)
 	}
 	tl := &launcher{Launcher: l, Providers: providers, cancel: cancel, done: make(chan struct{})}
+	h.mu.Lock()
+	h.launchers = append(h.launchers, tl)
+	h.mu.Unlock()
 	go func() {
 		defer close(tl.done)
 		if err := l.Run(ctx); err != nil {
@@ -244,9 +251,49 @@ func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 }
 
 // waitLaunchers waits until n launchers are live.
+// Every running launcher sees them too (it judges labels and pools by its
+// own view).
 func (h *harness) waitLaunchers(n int) {
 	h.t.Helper()
 	h.until(10*time.Second, fmt.Sprintf("%d live launchers", n), func() bool { return h.components.Len() == n })
+	h.mu.Lock()
+	running := slices.DeleteFunc(slices.Clone(h.launchers), func(l *launcher) bool {
+		select {
+		case <-l.done:
+			return true
+		default:
+			return false
+		}
+	})
+	h.mu.Unlock()
+	deadline := time.After(10 * time.Second)
+	for _, l := range running {
+		c := l.Components()
+		sub := c.Subscribe()
+		for c.Len() != n {
+			select {
+			case <-sub.C():
+				sub.Drain()
+			case <-l.done:
+			case <-deadline:
+				c.Unsubscribe(sub)
+				h.t.Fatalf("launcher sees %d live launchers, want %d", c.Len(), n)
+			}
+			if isDone(l.done) {
+				break
+			}
+		}
+		c.Unsubscribe(sub)
+	}
+}
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // dump describes the records, for failure messages.
@@ -276,6 +323,20 @@ func (h *harness) submit(m events.RequestMessage) string {
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	return id
+}
+
+// submitRecorded submits a request and waits until its record exists:
+// requests submitted at the same instant are recorded by concurrent intake
+// workers in any order, so a test that needs "earlier submission first"
+// submits one after the other's record.
+func (h *harness) submitRecorded(m events.RequestMessage) string {
+	h.t.Helper()
+	id := h.submit(m)
+	h.until(10*time.Second, "request "+id+" recorded", func() bool {
+		_, ok := h.request(id)
+		return ok
+	})
 	return id
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -126,7 +127,7 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 			l.recordUnhandled(ctx, msg, meta, panicReason(p))
 		}
 	}()
-	rec := l.requestRecord(msg.Data(), meta)
+	rec := l.requestRecord(ctx, msg.Data(), meta)
 	err = l.recordRequest(ctx, rec, meta)
 	if errors.Is(err, nats.ErrMaxPayload) {
 		size := len(rec.RequestorData)
@@ -256,9 +257,13 @@ func (l *Launcher) createNewRequest(ctx context.Context, id string, r *kv.Reques
 	return e, nil
 }
 
+// requestLeaseGrace is how long a request recorded after its lease ran
+// out lives, for its requestor to renew it.
+const requestLeaseGrace = time.Minute
+
 // requestRecord builds the record of a request message: requested, or
 // failed with the reason it is not a valid request.
-func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.Request {
+func (l *Launcher) requestRecord(ctx context.Context, data []byte, meta *jetstream.MsgMetadata) *kv.Request {
 	m, perr := events.ParseRequest(data)
 	id := m.ID
 	if id == "" {
@@ -282,6 +287,16 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 		Created:          meta.Timestamp.UTC(),
 		StateTime:        now,
 	}
+	if m.LeaseUntil != nil {
+		// A request recorded after its lease ran out (the launchers were
+		// away) gets a moment more, so a requestor that is still there
+		// can renew it.
+		until := m.LeaseUntil.UTC()
+		if until.Before(now) {
+			until = now.Add(requestLeaseGrace)
+		}
+		rec.LeaseUntil = &until
+	}
 	if rec.Labels == nil {
 		rec.Labels = []string{}
 	}
@@ -292,7 +307,7 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 	case perr != nil:
 		rec.State, rec.Reason = kv.RequestFailed, perr.Error()
 	default:
-		if unknown, known := l.unknownLabels(rec.Labels); len(unknown) > 0 {
+		if unknown, known := l.unknownLabels(ctx, rec.Labels); len(unknown) > 0 {
 			rec.State = kv.RequestFailed
 			rec.Reason = fmt.Sprintf("unknown label(s) %s; the live launchers provide: %s",
 				strings.Join(unknown, ", "), strings.Join(known, ", "))
@@ -303,10 +318,30 @@ func (l *Launcher) requestRecord(data []byte, meta *jetstream.MsgMetadata) *kv.R
 
 // unknownLabels lists the labels that neither this launcher's
 // configuration nor any live launcher's pools provide (launchers may run
-// different configurations), and the labels that are known.
-func (l *Launcher) unknownLabels(labels []string) (unknown, known []string) {
-	known = l.config().LabelNames()
-	for _, p := range l.livePools() {
+// different configurations), and the labels that are known. A label
+// unknown to the cache is looked for once more in the components bucket
+// itself: a launcher that has just started may not have reached the cache
+// yet, and its labels must not be refused.
+func (l *Launcher) unknownLabels(ctx context.Context, labels []string) (unknown, known []string) {
+	pools := slices.Collect(maps.Values(l.livePools()))
+	unknown, known = unknownIn(l.config().LabelNames(), pools, labels)
+	if len(unknown) == 0 {
+		return unknown, known
+	}
+	if comps, err := l.b.Components.List(ctx); err == nil {
+		for _, c := range comps {
+			pools = append(pools, c.Value.Pools...)
+		}
+		unknown, known = unknownIn(l.config().LabelNames(), pools, labels)
+	}
+	return unknown, known
+}
+
+// unknownIn lists the labels neither the configured ones nor the pools
+// provide, and the labels that are known, sorted.
+func unknownIn(configured []string, pools []kv.ComponentPool, labels []string) (unknown, known []string) {
+	known = slices.Clone(configured)
+	for _, p := range pools {
 		for _, lb := range p.Labels {
 			if !slices.Contains(known, lb) {
 				known = append(known, lb)

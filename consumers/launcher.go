@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/time/rate"
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
@@ -53,6 +52,9 @@ type Options struct {
 	Log   *slog.Logger
 	// Metrics is the process's metrics registry (nil: a private one).
 	Metrics *metrics.Registry
+	// Pacer paces the providers' API calls, shared with the other roles
+	// of the process (nil: one of the launcher's own).
+	Pacer *drivers.Pacer
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -84,12 +86,11 @@ type Launcher struct {
 	// reloadMu serializes reloads with the start and end of Run, which
 	// sets runCtx while the pool schedulers and driver managers (runners)
 	// may run.
-	snap         atomic.Pointer[snapshot]
-	reloadMu     sync.Mutex
-	runCtx       context.Context
-	runners      map[string]*runner
-	runnersWG    sync.WaitGroup
-	ratesChanged chan struct{}
+	snap      atomic.Pointer[snapshot]
+	reloadMu  sync.Mutex
+	runCtx    context.Context
+	runners   map[string]*runner
+	runnersWG sync.WaitGroup
 
 	// born is when the launcher was made; lastBeat is when (since born)
 	// the last successful heartbeat was sent (fence.go).
@@ -110,16 +111,25 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.Config == nil {
 		return nil, errors.New("launcher needs a configuration")
 	}
-	if opts.LeaseTTL == 0 {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	switch {
+	case b.LeaseTTL > 0 && opts.LeaseTTL != 0 && opts.LeaseTTL != b.LeaseTTL:
+		opts.Log.Warn("the launcher's lease TTL differs from the buckets' TTL; using the buckets'", "configured", opts.LeaseTTL, "buckets", b.LeaseTTL)
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0 && b.LeaseTTL > 0:
+		opts.LeaseTTL = b.LeaseTTL
+	case opts.LeaseTTL == 0:
 		opts.LeaseTTL = 10 * time.Second
 	}
 	if opts.SyncInterval == 0 {
 		opts.SyncInterval = 5 * time.Second
 	}
-	if opts.Log == nil {
-		opts.Log = slog.Default()
-	}
 	log := opts.Log.With("launcher", opts.ID)
+	if opts.Pacer == nil {
+		opts.Pacer = drivers.NewPacer(log)
+	}
 	l := &Launcher{
 		opts:       opts,
 		js:         js,
@@ -134,10 +144,8 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
 		runners:    map[string]*runner{},
-
-		ratesChanged: make(chan struct{}, 1),
 	}
-	snap, err := l.newSnapshot(opts.Config, opts.Providers, nil)
+	snap, err := l.newSnapshot(opts.Config, opts.Providers)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +219,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
-	wg.Go(func() { l.shareRates(ctx) })
+	wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -314,42 +322,6 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 		select {
 		case l.beat <- struct{}{}:
 		default:
-		}
-	}
-}
-
-// shareRates gives this process its share of each provider's rate: the
-// rate divided by the number of live launchers serving the provider, so
-// that all of them together stay within it.
-func (l *Launcher) shareRates(ctx context.Context) {
-	sub := l.components.Subscribe()
-	defer l.components.Unsubscribe(sub)
-	for {
-		sub.Drain()
-		snap := l.current()
-		for name, lim := range snap.limiters {
-			pc, _ := snap.cfg.Provider(name)
-			n := 0
-			l.components.Range(func(e *kv.Entry[kv.Component]) bool {
-				for _, p := range e.Value.Pools {
-					if p.Provider == name {
-						n++
-						break
-					}
-				}
-				return true
-			})
-			share := rate.Limit(pc.CallsPerSecond() / float64(max(n, 1)))
-			if lim.Limit() != share {
-				l.log.Info("API rate share", "provider", name, "rate", float64(share), "launchers", max(n, 1))
-				lim.SetLimit(share)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-sub.C():
-		case <-l.ratesChanged:
 		}
 	}
 }

@@ -69,6 +69,9 @@ type run struct {
 	// done is closed once the machine returned and the node was looked
 	// at again.
 	done chan struct{}
+	// orphan is the instance a stopped create made, which the node may
+	// not record; set before done is closed.
+	orphan string
 }
 
 // machineStopWait is how long a handler waits for a machine it stopped
@@ -224,6 +227,9 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
 			e = cur
+		}
+		if orphan == "" {
+			orphan = r.orphan
 		}
 	}
 	if !lc.l.needsWork(n) {
@@ -384,6 +390,7 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 					lc.l.log.Debug("node left for the change to come back", "node", e.Key, "err", err)
 				}
 			}
+			r.orphan = orphan
 			close(r.done)
 		}()
 		defer func() {

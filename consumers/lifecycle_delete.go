@@ -38,6 +38,15 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 		if ctx.Err() != nil {
 			return false
 		}
+		if errors.Is(err, drivers.ErrNotFound) {
+			return true // gone already
+		}
+		if errors.Is(err, drivers.ErrFatal) {
+			// Retrying cannot help: give up here; an instance that is still
+			// there and tagged as ours is tried again by the leak sweep.
+			lc.l.log.Error("delete cannot succeed; giving up", "external_id", sm.ExternalID(), "err", err)
+			return true
+		}
 		if err != nil {
 			lc.l.log.Warn("delete step failed; retrying", "external_id", sm.ExternalID(), "err", err)
 			if !wait.Sleep(ctx, wait.Backoff(failures)) {
@@ -73,21 +82,26 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u provi
 		sm, err := drv.Delete(n.ExternalID, n.DriverData)
 		if err != nil {
 			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
-			if sm, err = drv.Delete(n.ExternalID, nil); err != nil {
-				l.log.Error("cannot start the delete machine", "node", id, "err", err)
+			sm, err = drv.Delete(n.ExternalID, nil)
+		}
+		if err != nil {
+			// Not an instance the driver can ever delete (an external id
+			// written from outside, say): nothing of ours is there; the
+			// record goes, and an instance tagged with the node, if any,
+			// is deleted by the leak sweep.
+			l.log.Error("cannot start the delete machine; deleting the record without it", "node", id, "external_id", n.ExternalID, "err", err)
+		} else {
+			may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
+			ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
+				_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
+				return err
+			})
+			if !ok {
 				return
 			}
 		}
-		may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
-		ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
-			_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
-			return err
-		})
-		if !ok {
-			return
-		}
 	}
-	for ctx.Err() == nil {
+	for conflicts := 0; ctx.Err() == nil; {
 		cur, ok := l.nodes.Get(id)
 		if !ok {
 			fresh, err := l.b.Nodes.Get(ctx, id)
@@ -113,6 +127,12 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u provi
 			return
 		}
 		if errors.Is(err, kv.ErrConflict) {
+			// Written meanwhile: look again (the record decides whether it
+			// is still this process's to delete), a little later each time.
+			conflicts++
+			if !wait.Sleep(ctx, wait.Conflict(conflicts)) {
+				return
+			}
 			fresh, gerr := l.b.Nodes.Get(ctx, id)
 			if gerr == nil {
 				l.nodes.Apply(fresh)

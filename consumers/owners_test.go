@@ -1,6 +1,7 @@
 package consumers_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -62,8 +63,10 @@ providers:
     pools: [{name: p, labels: [small]}]
 `)
 	now := time.Now().UTC()
+	instances := 0
 	instance := func(node string) string {
-		rec := fake.InstanceRecord{ID: "i-" + node, Name: "np" + node, Created: now, ReadyAt: now, IPv4: "10.0.0.1",
+		instances++
+		rec := fake.InstanceRecord{ID: fmt.Sprintf("i-%016x", instances), Name: "np" + node, Created: now, ReadyAt: now, IPv4: "10.0.0.1",
 			Tags: map[string]string{drivers.TagProvider: "c", drivers.TagPool: "p", drivers.TagNode: node, drivers.TagLabel: "small"}}
 		if _, err := h.instances["c"].Create(t.Context(), rec.ID, &rec); err != nil {
 			t.Fatal(err)

@@ -183,7 +183,7 @@ func TestInvalidMessagesGiveFailedRecords(t *testing.T) {
 		{"empty labels", `{"id": "empty-labels", "labels": []}`, "empty-labels", "labels: required"},
 		{"labels not strings", `{"labels": [1, 2]}`, "", "labels"},
 		{"bad id", `{"id": "bad id!", "labels": ["small"]}`, "", `id "bad id!" is not valid`},
-		{"unknown field", `{"id": "typo", "lables": ["small"]}`, "", `unknown field "lables"`},
+		{"unknown field", `{"id": "typo", "lables": ["small"]}`, "typo", `unknown field "lables"`},
 		{"unknown label", `{"id": "unknown-label", "labels": ["small", "huge"]}`, "unknown-label", "unknown label(s) huge"},
 		{"requestor_data not an object", `{"id": "rd", "labels": ["small"], "requestor_data": 5}`, "rd", "requestor_data"},
 	}

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"slices"
 
-	"golang.org/x/time/rate"
-
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/token"
@@ -29,10 +27,9 @@ type snapshot struct {
 	cfg *config.Config
 	// given are the drivers as the process made them (their identity says
 	// whether a provider changed); providers are the same as the launcher
-	// calls them (paced by the rate limiters).
+	// calls them (paced by the process's limiters).
 	given     map[string]drivers.Provider
 	providers map[string]drivers.Provider
-	limiters  map[string]*rate.Limiter
 }
 
 // current is the snapshot in force.
@@ -44,35 +41,23 @@ func (l *Launcher) config() *config.Config { return l.current().cfg }
 // Config is the configuration the launcher runs now.
 func (l *Launcher) Config() *config.Config { return l.config() }
 
-// newSnapshot checks a configuration against its drivers and wraps them:
-// each provider with a rate gets a limiter (kept across reloads, so a
-// provider's pace carries on), whose share shareRates keeps.
-func (l *Launcher) newSnapshot(cfg *config.Config, given map[string]drivers.Provider, prev *snapshot) (*snapshot, error) {
+// newSnapshot checks a configuration against its drivers and paces them:
+// each provider with a rate goes through the process's limiter of it
+// (drivers.Pacer: kept across reloads, so a provider's pace carries on,
+// and shared with the builder of the same process).
+func (l *Launcher) newSnapshot(cfg *config.Config, given map[string]drivers.Provider) (*snapshot, error) {
 	for _, p := range cfg.Providers {
 		if _, ok := given[p.Name]; !ok {
 			return nil, fmt.Errorf("provider %s has no driver", p.Name)
 		}
 	}
-	s := &snapshot{cfg: cfg, given: given, providers: map[string]drivers.Provider{}, limiters: map[string]*rate.Limiter{}}
+	s := &snapshot{cfg: cfg, given: given, providers: map[string]drivers.Provider{}}
 	for name, p := range given {
-		s.providers[name] = p
-		pc, ok := cfg.Provider(name)
-		if !ok || pc.Rate <= 0 {
-			continue
+		rate := 0.0
+		if pc, ok := cfg.Provider(name); ok {
+			rate = pc.CallsPerSecond()
 		}
-		var lim *rate.Limiter
-		if prev != nil {
-			lim = prev.limiters[name]
-		}
-		if lim == nil {
-			lim = rate.NewLimiter(rate.Limit(pc.Rate), 1)
-		}
-		s.limiters[name] = lim
-		if paced, ok := drivers.As[drivers.Paced](p); ok {
-			paced.Pace(lim) // the driver paces each of its API calls itself
-		} else {
-			s.providers[name] = drivers.RateLimited(p, lim)
-		}
+		s.providers[name] = l.opts.Pacer.Pace(name, p, rate)
 	}
 	return s, nil
 }
@@ -111,17 +96,12 @@ func (l *Launcher) use(provider string) (providerUse, bool) {
 func (l *Launcher) Reload(cfg *config.Config, providers map[string]drivers.Provider) error {
 	l.reloadMu.Lock()
 	defer l.reloadMu.Unlock()
-	prev := l.current()
-	snap, err := l.newSnapshot(cfg, providers, prev)
+	snap, err := l.newSnapshot(cfg, providers)
 	if err != nil {
 		return err
 	}
 	l.snap.Store(snap)
 	l.lifecycle.resize(cfg)
-	select {
-	case l.ratesChanged <- struct{}{}:
-	default:
-	}
 	started, stopped := l.syncRunners()
 	select {
 	case l.beat <- struct{}{}:

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -116,9 +117,10 @@ func (t *term) pass(ctx context.Context) {
 	}
 
 	var waiting []*kv.Request
+	now := time.Now()
 	for id, e := range ix.waiting {
-		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) {
-			continue
+		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) || requestExpired(&e.Value, now) {
+			continue // an expired request is deleted by cleanup
 		}
 		r := e.Value
 		waiting = append(waiting, &r)
@@ -457,10 +459,16 @@ func (t *term) waiting(ctx context.Context, r *kv.Request, why string, behind bo
 	if r.Reason == why || !mayNoteWait(r.Reason, t.ref) {
 		return
 	}
-	t.log.Debug("request waits", "request", r.ID, "why", why)
+	// The note's job has a key of its own: the request stays in the
+	// passes while it is written, so that it keeps its place (requests
+	// behind it for its labels go on waiting behind it).
+	id, key := r.ID, "note:"+r.ID
+	if t.jobs.busy[key] {
+		return // the note is being written; the next pass looks again
+	}
+	t.log.Debug("request waits", "request", id, "why", why)
 	s := t.scheduler // jobs run beside the loop: they touch no term state
-	id := r.ID
-	t.jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.noteWait(ctx, id, why) })
+	t.jobs.spawn(ctx, jobDone{keys: []string{key}}, func(ctx context.Context) { s.noteWait(ctx, id, why) })
 }
 
 // waitNote begins the reason of a request that waits in a pool.

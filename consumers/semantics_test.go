@@ -116,7 +116,7 @@ providers:
 			h.until(10*time.Second, "instances listed", func() bool { return h.instanceCount("c") == c.others })
 			var ids []string
 			for range 3 {
-				ids = append(ids, h.submit(events.RequestMessage{Labels: []string{"small"}, Tenant: c.tenant}))
+				ids = append(ids, h.submitRecorded(events.RequestMessage{Labels: []string{"small"}, Tenant: c.tenant}))
 			}
 			h.waitDone(10*time.Second, ids[:c.fitting]...)
 			if c.otherTen {

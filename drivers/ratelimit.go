@@ -12,17 +12,53 @@ type Limiter interface {
 }
 
 // Paced is implemented by drivers that pace every API call themselves
-// (one state machine step may make several calls): the launcher hands
-// them its limiter instead of wrapping them with RateLimited.
+// (one state machine step may make several calls): the process's Pacer
+// hands them its limiter instead of wrapping them with RateLimited.
 type Paced interface {
 	Pace(lim Limiter)
 }
 
 // RateLimited wraps a provider so that every call to the cloud (each step
-// of a state machine, each listing, each quota read) first waits for the
-// limiter. Drivers stay free of rate limiting; the launcher decides the
-// rate.
-func RateLimited(p Provider, lim Limiter) Provider { return &limited{Provider: p, lim: lim} }
+// of a state machine, each listing, each quota read, and for a driver that
+// takes images each upload, image delete and image listing) first waits
+// for the limiter. Drivers stay free of rate limiting; the process decides
+// the rate (Pacer).
+func RateLimited(p Provider, lim Limiter) Provider {
+	l := &limited{Provider: p, lim: lim}
+	if ip, ok := p.(ImageProvider); ok {
+		return &limitedImages{limited: l, images: ip}
+	}
+	return l
+}
+
+// limitedImages paces the image calls of a driver that takes images too.
+type limitedImages struct {
+	*limited
+	images ImageProvider
+}
+
+func (l *limitedImages) ImageFormat() string { return l.images.ImageFormat() }
+
+func (l *limitedImages) UploadImage(ctx context.Context, req ImageUpload) (Image, error) {
+	if err := l.lim.Wait(ctx); err != nil {
+		return Image{}, err
+	}
+	return l.images.UploadImage(ctx, req)
+}
+
+func (l *limitedImages) DeleteImage(ctx context.Context, externalID string) error {
+	if err := l.lim.Wait(ctx); err != nil {
+		return err
+	}
+	return l.images.DeleteImage(ctx, externalID)
+}
+
+func (l *limitedImages) ListImages(ctx context.Context) ([]Image, error) {
+	if err := l.lim.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return l.images.ListImages(ctx)
+}
 
 type limited struct {
 	Provider

@@ -9,6 +9,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +37,11 @@ type RequestMessage struct {
 	Provider         string          `json:"provider,omitempty"`
 	EventID          string          `json:"event_id,omitempty"`
 	RequestorData    json.RawMessage `json:"requestor_data,omitempty"`
+	// LeaseUntil, when set, makes the requestor responsible for renewing
+	// the request's lease_until (in its record) until it deleted the
+	// request; a request whose lease ran out is deleted and its nodes are
+	// freed. Without it, a request lives until its requestor deletes it.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
 }
 
 // PriorityOrDefault returns the priority, or DefaultPriority if unset.
@@ -72,7 +78,16 @@ func ParseRequest(data []byte) (RequestMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return RequestMessage{}, fmt.Errorf("not a valid request: %s", describeJSONError(err))
+		// Keep the client's id if it can be read, so that the failed
+		// record is where the client looks for it.
+		var idOnly struct {
+			ID string `json:"id"`
+		}
+		m = RequestMessage{}
+		if json.Unmarshal(data, &idOnly) == nil && ValidID(idOnly.ID) {
+			m.ID = idOnly.ID
+		}
+		return m, fmt.Errorf("not a valid request: %s", describeJSONError(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return RequestMessage{}, errors.New("not a valid request: extra data after the JSON object")
@@ -89,7 +104,10 @@ func ParseRequest(data []byte) (RequestMessage, error) {
 func describeJSONError(err error) string {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
+	var pe *time.ParseError
 	switch {
+	case errors.As(err, &pe) || strings.Contains(err.Error(), "Time.UnmarshalJSON"):
+		return "lease_until: expected a time in RFC 3339, such as 2030-01-02T15:04:05Z"
 	case errors.As(err, &se):
 		return fmt.Sprintf("bad JSON at byte %d: %s", se.Offset, se.Error())
 	case errors.As(err, &te):
@@ -103,7 +121,7 @@ func describeJSONError(err error) string {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "bad JSON: the message ends in the middle of a value"
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return strings.TrimPrefix(err.Error(), "json: ") + "; expected only id, labels, requestor, priority, relative_priority, reuse, tenant, provider, event_id, requestor_data"
+		return strings.TrimPrefix(err.Error(), "json: ") + "; expected only id, labels, requestor, priority, relative_priority, reuse, tenant, provider, event_id, requestor_data, lease_until"
 	}
 	return err.Error()
 }

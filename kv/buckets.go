@@ -37,6 +37,10 @@ type Buckets struct {
 	Components *Store[Component]
 	Locks      *Store[LeaseRecord]
 	Images     jetstream.KeyValue
+	// LeaseTTL is the TTL of the components and locks buckets as they
+	// are: the life of every heartbeat and lease, whatever a process was
+	// configured with (0 if it could not be read).
+	LeaseTTL time.Duration
 }
 
 // BucketConfigs returns the configuration of each bucket.
@@ -64,13 +68,41 @@ func markerTTL(ttl time.Duration) time.Duration { return max(ttl, time.Minute) }
 
 // Ensure creates the buckets that do not exist yet. A bucket that exists with
 // other settings is used as it is, with a warning.
+//
+// The lease TTL is the buckets' (Buckets.LeaseTTL): every process must
+// renew its heartbeat and leases within the same TTL, so a process
+// configured with another one adopts the buckets' and says so (the
+// process that created the buckets chose it). Components and locks
+// buckets whose TTLs differ (changed by hand) are refused.
 func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Logger) (*Buckets, error) {
 	for _, cfg := range BucketConfigs(o) {
 		if _, err := EnsureBucket(ctx, js, cfg, log); err != nil {
 			return nil, err
 		}
 	}
-	return Open(ctx, js)
+	b, err := Open(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	comp, lock := bucketTTL(ctx, b.Components.kv), bucketTTL(ctx, b.Locks.kv)
+	if comp != lock {
+		return nil, fmt.Errorf("buckets %s (TTL %s) and %s (TTL %s) must have the same TTL, the lease TTL; recreate one of them with the other's",
+			BucketComponents, comp, BucketLocks, lock)
+	}
+	if o.LeaseTTL != 0 && b.LeaseTTL != 0 && b.LeaseTTL != o.LeaseTTL {
+		log.Warn("the lease TTL of this process differs from the buckets' TTL; using the buckets' so that every process agrees (change it by recreating the nodepool-components and nodepool-locks buckets with every process stopped)",
+			"configured", o.LeaseTTL, "buckets", b.LeaseTTL)
+	}
+	return b, nil
+}
+
+// bucketTTL reads a bucket's TTL (0 if it cannot).
+func bucketTTL(ctx context.Context, b jetstream.KeyValue) time.Duration {
+	st, err := b.Status(ctx)
+	if err != nil {
+		return 0
+	}
+	return st.TTL()
 }
 
 // EnsureBucket creates a bucket, or opens it if it exists (with a warning
@@ -152,5 +184,6 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	if bs.Images, err = open(BucketImages); err != nil {
 		return nil, err
 	}
+	bs.LeaseTTL = bucketTTL(ctx, bs.Components.kv)
 	return &bs, nil
 }

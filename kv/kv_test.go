@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -260,5 +261,28 @@ func TestCacheQueuesChangesInOrder(t *testing.T) {
 			t.Fatalf("change at revision %d queued after one at %d", ch.New.Revision, last)
 		}
 		last = ch.New.Revision
+	}
+}
+
+// A process configured with another lease TTL than the buckets' adopts the
+// buckets' and says so.
+func TestEnsureAdoptsTheBucketsLeaseTTL(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if _, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: 2 * time.Second}, quiet); err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: 10 * time.Second}, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.LeaseTTL != 2*time.Second {
+		t.Errorf("lease TTL %s, want the buckets' 2s", b.LeaseTTL)
+	}
+	if !strings.Contains(logged.String(), "differs from the buckets' TTL") || !strings.Contains(logged.String(), "buckets=2s") {
+		t.Errorf("nothing said about the TTL:\n%s", logged.String())
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
 // Sentinel errors of the stores.
@@ -225,11 +227,15 @@ func (s *Store[T]) Delete(ctx context.Context, key string, rev uint64) error {
 }
 
 // Modify reads a record, applies fn and writes it back revision-checked,
-// retrying from a fresh read when another writer got there first. fn may
-// return ErrSkip to stop without writing (Modify then returns the current
-// entry and ErrSkip) or any other error to abort.
+// retrying from a fresh read when another writer got there first (with a
+// jittered backoff, at most wait.MaxConflicts times: then ErrConflict). fn
+// may return ErrSkip to stop without writing (Modify then returns the
+// current entry and ErrSkip) or any other error to abort.
 func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (Entry[T], error) {
-	for {
+	for n := 0; ; n++ {
+		if !wait.Sleep(ctx, wait.Conflict(n)) {
+			return Entry[T]{Key: key}, ctx.Err()
+		}
 		e, err := s.Get(ctx, key)
 		if err != nil {
 			return e, err
@@ -241,6 +247,9 @@ func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (E
 		if errors.Is(err, ErrConflict) {
 			if ctx.Err() != nil {
 				return e, ctx.Err()
+			}
+			if n+1 >= wait.MaxConflicts {
+				return e, fmt.Errorf("gave up after %d conflicting writes: %w", n+1, err)
 			}
 			continue
 		}
@@ -255,9 +264,13 @@ func (s *Store[T]) Modify(ctx context.Context, key string, fn func(*T) error) (E
 // Upsert writes a record whether or not it exists: fn gets the current one
 // (found false, and a zero value, if there is none, or it is not a valid
 // record) and fills in what to write. A writer that got there first, or
-// the key expiring in between, makes Upsert read and try again.
+// the key expiring in between, makes Upsert read and try again (as Modify
+// does, at most wait.MaxConflicts times).
 func (s *Store[T]) Upsert(ctx context.Context, key string, fn func(cur *T, found bool)) (Entry[T], error) {
-	for {
+	for n := 0; ; n++ {
+		if !wait.Sleep(ctx, wait.Conflict(n)) {
+			return Entry[T]{Key: key}, ctx.Err()
+		}
 		e, err := s.Get(ctx, key)
 		found := err == nil
 		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrBadRecord) {
@@ -276,6 +289,9 @@ func (s *Store[T]) Upsert(ctx context.Context, key string, fn func(cur *T, found
 		if errors.Is(err, ErrExists) || errors.Is(err, ErrConflict) {
 			if ctx.Err() != nil {
 				return e, ctx.Err()
+			}
+			if n+1 >= wait.MaxConflicts {
+				return e, fmt.Errorf("gave up after %d conflicting writes: %w", n+1, err)
 			}
 			continue
 		}

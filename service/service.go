@@ -122,15 +122,22 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if p.buckets, err = kv.Ensure(ctx, p.js, kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL}, log); err != nil {
 		return nil, err
 	}
+	if ttl := p.buckets.LeaseTTL; ttl > 0 && ttl != s.LeaseTTL {
+		s.LeaseTTL = ttl // Ensure said so
+		p.Settings.LeaseTTL = ttl
+	}
 	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
 		return nil, err
 	}
 	for name, drv := range p.providers {
 		p.providers[name] = drivers.Share(drivers.Measured(drv, name, p.metrics.DriverCalls()))
 	}
+	// One pacer for every role: the launcher's and the builder's calls to
+	// a provider share its rate.
+	pacer := drivers.NewPacer(log)
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
-			ID: s.ID, Config: cfg, Providers: p.providers,
+			ID: s.ID, Config: cfg, Providers: p.providers, Pacer: pacer,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 		})
@@ -139,7 +146,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}
 	if s.HasRole(config.RoleBuilder) {
-		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, p.metrics, log); err != nil {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, pacer, p.metrics, log); err != nil {
 			return nil, err
 		}
 	}
@@ -185,7 +192,8 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 // NewBuilder prepares the builder role: image files go under the
 // configuration's images-dir (default <data dir>/images), build logs under
 // build-log-dir (default <data dir>/build-logs).
-func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider, reg *metrics.Registry, log *slog.Logger) (*builder.Builder, error) {
+func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider,
+	pacer *drivers.Pacer, reg *metrics.Registry, log *slog.Logger) (*builder.Builder, error) {
 	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
 	if imagesDir == "" {
 		imagesDir = filepath.Join(s.DataDir, "images")
@@ -196,7 +204,7 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 	return builder.New(js, b, builder.Options{
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
-		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Version: Version, Log: log, Metrics: reg,
+		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Pacer: pacer, Version: Version, Log: log, Metrics: reg,
 	})
 }
 

@@ -67,16 +67,25 @@ func (a *app) requestCmd() *cobra.Command {
 		priority  int
 		provider  string
 		noReuse   bool
+		lease     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "request LABEL...",
 		Short: "Request nodes, wait for them, take them and print them",
 		Long: `Request one node per LABEL, wait until the request is fulfilled, take the
 nodes (state in-use, held by --holder) and delete the request, as any
-requestor does. Give each node back with "nodepool return NODE" when done.`,
+requestor does. Give each node back with "nodepool return NODE" when done.
+
+The request carries a lease (--lease), renewed while the command waits:
+interrupted (Ctrl-C), past --timeout or failing, the command withdraws its
+request and gives back any node it took; killed, its request is deleted
+by nodepool once the lease runs out, which frees its nodes.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, labels []string) error {
 			ctx := cmd.Context()
+			if lease < 0 || (lease > 0 && lease < 3*time.Second) {
+				return fmt.Errorf("--lease: expected 0 (no lease) or at least 3s, got %s", lease)
+			}
 			if timeout > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, timeout)
@@ -95,8 +104,18 @@ requestor does. Give each node back with "nodepool return NODE" when done.`,
 				f := false
 				m.Reuse = &f
 			}
+			c.RequestLease = lease
+			if lease == 0 {
+				c.RequestLease = -1 // no lease
+			}
 			nodes, err := c.Request(ctx, m, holder)
 			if err != nil {
+				if errors.Is(err, context.DeadlineExceeded) && timeout > 0 {
+					return fmt.Errorf("no nodes within --timeout %s; the request was withdrawn: %w", timeout, err)
+				}
+				if errors.Is(err, context.Canceled) {
+					return fmt.Errorf("interrupted; the request was withdrawn: %w", err)
+				}
 				return err
 			}
 			if asJSON {
@@ -120,6 +139,7 @@ requestor does. Give each node back with "nodepool return NODE" when done.`,
 	f.IntVar(&priority, "priority", events.DefaultPriority, "priority (lower is served first)")
 	f.StringVar(&provider, "provider", "", "prefer this provider")
 	f.BoolVar(&noReuse, "no-reuse", false, "always launch new nodes instead of taking ready ones")
+	f.DurationVar(&lease, "lease", client.DefaultRequestLease, "lease of the request, renewed while waiting; a request whose lease ran out is deleted (0: no lease)")
 	return cmd
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -138,4 +140,64 @@ func TestSecondDaemonOnOneDataDirExits(t *testing.T) {
 	third := startRun(t, runEnv(t, dataDir, freePort(t)), "-c", cfg, "--id", "third")
 	third.waitLog("launcher running", 60*time.Second)
 	_ = third.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// A `nodepool request` that gives up (past --timeout, interrupted, or
+// killed and its lease run out) leaves nothing allocated to it: its
+// request is deleted and its node goes back to the pool.
+func TestRequestorThatGivesUpFreesItsNodes(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	url := srv.ClientURL()
+	cfg := writeConfig(t, slowBootConfig)
+	l := startRun(t, launcherEnv(url, "launcher-1"), "-c", cfg)
+	l.waitLog("launcher running", 60*time.Second)
+	rec := watchRecords(t, url, "cloud1")
+	cli := map[string]string{"NODEPOOL_NATS_URL": url}
+	for _, tc := range []struct {
+		name string
+		args []string
+		end  func(p *exec.Cmd)
+	}{
+		{"timeout", []string{"--timeout", "1s"}, nil},
+		{"interrupt", nil, func(p *exec.Cmd) { _ = p.Process.Signal(syscall.SIGINT) }},
+		{"killed", []string{"--lease", "3s"}, func(p *exec.Cmd) { _ = p.Process.Kill() }},
+	} {
+		id := "gives-up-" + tc.name
+		cmd := exec.Command(binary, append([]string{"request", "--id", id, "small"}, tc.args...)...)
+		cmd.Env = os.Environ()
+		for k, v := range cli {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var node string
+		rec.until(30*time.Second, tc.name+": its node booting", func() bool {
+			r, ok := rec.requests.Get(id)
+			if ok && len(r.Value.Nodes) == 1 {
+				node = r.Value.Nodes[0]
+			}
+			return node != ""
+		})
+		if tc.end != nil {
+			tc.end(cmd)
+		}
+		err := cmd.Wait()
+		if err == nil {
+			t.Errorf("%s: nodepool request exited 0:\n%s", tc.name, out.String())
+		}
+		t.Logf("%s: %v\n%s", tc.name, err, out.String())
+		rec.until(30*time.Second, tc.name+": the request deleted and its node free", func() bool {
+			_, there := rec.requests.Get(id)
+			n, ok := rec.nodes.Get(node)
+			return !there && ok && n.Value.AllocatedTo == ""
+		})
+		if tc.name != "killed" && !strings.Contains(out.String(), "withdrawn") {
+			t.Errorf("%s: the command does not say it withdrew its request:\n%s", tc.name, out.String())
+		}
+	}
+	_ = l.stop(syscall.SIGTERM, 30*time.Second)
 }

@@ -7,6 +7,7 @@
 package fake
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -324,29 +326,65 @@ func (p *Provider) Inject(ctx context.Context, name string, tags map[string]stri
 // attempt, so a create started again finds the instance it made.
 func (p *Provider) IdempotentCreate() {}
 
-// Create returns a machine that creates the instance of one node.
+// Create returns a machine that creates the instance of one node, resumed
+// from its driver_data if given (validated: a known step, an instance id
+// of this cloud).
 func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
 	m := &createMachine{p: p, req: req}
-	if len(state) > 0 && string(state) != "null" {
-		if err := json.Unmarshal(state, &m.st); err != nil {
-			return nil, fmt.Errorf("fake: resuming create of node %s: %w", req.NodeID, err)
-		}
+	st, err := decodeState(state)
+	if err != nil {
+		return nil, fmt.Errorf("fake: resuming create of node %s: %w", req.NodeID, err)
 	}
+	if (st.Step == "" && st.Instance != "") || (st.Step != "" && st.Step != "boot") || (st.Step == "boot" && st.Instance == "") {
+		return nil, fmt.Errorf("fake: resuming create of node %s: driver_data has step %q and instance %q; expected no step, or step boot with an instance", req.NodeID, st.Step, st.Instance)
+	}
+	m.st = st
 	return m, nil
 }
 
-// Delete returns a machine that deletes an instance.
+// Delete returns a machine that deletes an instance, resumed from its
+// driver_data if given. An external id that is not one of this cloud's is
+// refused (drivers.ErrNotFound): there is nothing of ours to delete.
 func (p *Provider) Delete(externalID string, state json.RawMessage) (drivers.StateMachine, error) {
-	m := &deleteMachine{p: p, st: machineState{Instance: externalID}}
-	if len(state) > 0 && string(state) != "null" {
-		if err := json.Unmarshal(state, &m.st); err != nil {
-			return nil, fmt.Errorf("fake: resuming delete of %s: %w", externalID, err)
-		}
+	if !ValidInstanceID(externalID) {
+		return nil, fmt.Errorf("fake: %w: %q is not an instance id of this cloud (i- and 16 hex digits)", drivers.ErrNotFound, externalID)
 	}
-	if m.st.Instance == "" {
-		m.st.Instance = externalID
+	st, err := decodeState(state)
+	if err != nil {
+		return nil, fmt.Errorf("fake: resuming delete of %s: %w", externalID, err)
 	}
-	return m, nil
+	if (st.Step != "" && st.Step != "deleting") || (st.Instance != "" && st.Instance != externalID) {
+		return nil, fmt.Errorf("fake: resuming delete of %s: driver_data has step %q and instance %q; expected step deleting of this instance", externalID, st.Step, st.Instance)
+	}
+	st.Instance = externalID
+	return &deleteMachine{p: p, st: st}, nil
+}
+
+var instanceIDRE = regexp.MustCompile(`^i-[0-9a-f]{16}$`)
+
+// ValidInstanceID reports whether id can be an instance of a fake cloud.
+func ValidInstanceID(id string) bool { return instanceIDRE.MatchString(id) }
+
+// decodeState reads the fake's driver_data: empty, null, or one JSON
+// object with known fields, whose instance id (if any) is one of this
+// cloud's.
+func decodeState(state json.RawMessage) (machineState, error) {
+	var st machineState
+	if len(bytes.TrimSpace(state)) == 0 || string(bytes.TrimSpace(state)) == "null" {
+		return st, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(state))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return machineState{}, fmt.Errorf("driver_data is not the fake's: %w", err)
+	}
+	if dec.More() {
+		return machineState{}, errors.New("driver_data is not the fake's: extra data after the object")
+	}
+	if st.Instance != "" && !ValidInstanceID(st.Instance) {
+		return machineState{}, fmt.Errorf("driver_data names instance %q, which is not an instance id of this cloud", st.Instance)
+	}
+	return st, nil
 }
 
 // machineState is what the fake's machines store in driver_data.

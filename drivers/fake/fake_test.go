@@ -1,6 +1,7 @@
 package fake_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -118,8 +119,44 @@ func TestCreateResumeAndQuota(t *testing.T) {
 		t.Fatalf("after a delete: %v", err)
 	}
 	// Deleting what is gone is done at once.
-	if _, err := run(t, must(p.Delete("i-missing", nil))); err != nil {
+	if _, err := run(t, must(p.Delete("i-0000000000000000", nil))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// driver_data and external ids from a record are checked before use: what
+// the fake could not have written is refused with the reason, never acted
+// on.
+func TestDriverDataIsValidated(t *testing.T) {
+	t.Parallel()
+	p := provider(t, fmt.Sprintf(cloud, "0"))
+	for _, tc := range []struct {
+		name, state string
+	}{
+		{"not JSON", `{"step":`},
+		{"not an object", `[1,2]`},
+		{"unknown field", `{"step":"boot","instance":"i-0123456789abcdef","rm":"-rf"}`},
+		{"unknown step", `{"step":"explode","instance":"i-0123456789abcdef"}`},
+		{"boot without instance", `{"step":"boot"}`},
+		{"instance not of this cloud", `{"step":"boot","instance":"../../etc"}`},
+		{"two objects", `{"step":"boot","instance":"i-0123456789abcdef"}{}`},
+	} {
+		if _, err := p.Create(req("n1", 1, "small"), json.RawMessage(tc.state)); err == nil {
+			t.Errorf("create resumed from %s (%s)", tc.name, tc.state)
+		}
+	}
+	for _, ext := range []string{"", "i-", "i-missing", "i-0123456789ABCDEF", "a.b", "i-0123456789abcdef0"} {
+		if _, err := p.Delete(ext, nil); !errors.Is(err, drivers.ErrNotFound) {
+			t.Errorf("delete of %q: %v, want not found", ext, err)
+		}
+	}
+	if _, err := p.Delete("i-0123456789abcdef", json.RawMessage(`{"step":"deleting","instance":"i-fedcba9876543210"}`)); err == nil {
+		t.Error("a delete resumed from another instance's driver_data")
+	}
+	for _, ok := range []string{"", "null", `{}`, `{"step":"boot","instance":"i-0123456789abcdef"}`} {
+		if _, err := p.Create(req("n1", 1, "small"), json.RawMessage(ok)); err != nil {
+			t.Errorf("create from %q: %v", ok, err)
+		}
 	}
 }
 

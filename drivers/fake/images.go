@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -135,17 +136,28 @@ func (p *Provider) DeleteImage(ctx context.Context, externalID string) error {
 	if err := p.apiCall(ctx); err != nil {
 		return err
 	}
-	e, err := p.images.Get(ctx, externalID)
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil
+	// An image whose upload is still writing its last state changes under
+	// the delete: read it again (a cloud deletes an image in any state).
+	for n := 0; ; n++ {
+		e, err := p.images.Get(ctx, externalID)
+		if errors.Is(err, kv.ErrNotFound) {
+			return nil
+		}
+		if err != nil && !errors.Is(err, kv.ErrBadRecord) {
+			return err
+		}
+		err = p.images.Delete(ctx, externalID, e.Revision)
+		switch {
+		case err == nil, errors.Is(err, kv.ErrNotFound):
+			return nil
+		case errors.Is(err, kv.ErrConflict) && n+1 < wait.MaxConflicts:
+			if !wait.Sleep(ctx, wait.Conflict(n+1)) {
+				return ctx.Err()
+			}
+		default:
+			return fmt.Errorf("fake: deleting image %s: %w", externalID, err)
+		}
 	}
-	if err != nil && !errors.Is(err, kv.ErrBadRecord) {
-		return err
-	}
-	if err := p.images.Delete(ctx, externalID, e.Revision); err != nil && !errors.Is(err, kv.ErrNotFound) {
-		return fmt.Errorf("fake: deleting image %s: %w", externalID, err)
-	}
-	return nil
 }
 
 // ListImages lists every image of the cloud, ours and others.

@@ -1,9 +1,11 @@
-// Package wait holds the two small timing helpers every worker loop uses:
-// a sleep that ends with its context, and the backoff of a failing call.
+// Package wait holds the small timing helpers every worker loop uses: a
+// sleep that ends with its context, the backoff of a failing call, and the
+// jittered, capped backoff of a write that lost a revision check.
 package wait
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
@@ -27,4 +29,22 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 func Backoff(n int) time.Duration {
 	d := 100 * time.Millisecond << min(n, 8)
 	return min(d, 30*time.Second)
+}
+
+// MaxConflicts bounds the retries of a revision-checked write that another
+// writer keeps getting to first: past it, the write gives up with the
+// conflict error (the next change or sweep brings the record back).
+const MaxConflicts = 50
+
+// Conflict is the wait before retry number n (from 0) of a write that lost
+// a revision check to another writer: none for the first retry (a fresh
+// read usually settles it), then a random wait of up to 1 ms doubling to
+// 100 ms ("full jitter"), so that writers that collided do not collide
+// again in step.
+func Conflict(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	d := min(time.Millisecond<<min(n-1, 10), 100*time.Millisecond)
+	return time.Duration(rand.Int64N(int64(d))) + 1
 }

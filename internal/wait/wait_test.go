@@ -27,3 +27,23 @@ func TestSleepEndsWithContext(t *testing.T) {
 		t.Error("Sleep(0) should go on")
 	}
 }
+
+func TestConflictIsJitteredAndCapped(t *testing.T) {
+	if Conflict(0) != 0 {
+		t.Error("the first retry after a conflict waits")
+	}
+	for n := 1; n < 40; n++ {
+		for range 50 {
+			if d := Conflict(n); d <= 0 || d > 100*time.Millisecond+1 || d > time.Millisecond<<min(n-1, 10)+1 {
+				t.Fatalf("Conflict(%d) = %s", n, d)
+			}
+		}
+	}
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		seen[Conflict(8)] = true
+	}
+	if len(seen) < 5 {
+		t.Errorf("Conflict(8) is hardly random: %v", seen)
+	}
+}

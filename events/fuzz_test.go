@@ -1,0 +1,98 @@
+package events_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/nodepool-nats/nodepool/events"
+)
+
+// FuzzParseRequest: whatever a client publishes, ParseRequest returns (no
+// panic); a message it accepts is valid, names a valid id or none, and
+// reads back the same after encoding; a message it refuses says why, and
+// keeps only an id that is valid.
+func FuzzParseRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"labels": ["ubuntu-noble"]}`,
+		`{"id": "optional-client-id", "labels": ["ubuntu-noble", "ubuntu-noble"], "requestor": "zuul-tenant-a", "priority": 100, "relative_priority": 0, "reuse": true, "tenant": "tenant-a", "provider": "", "event_id": "", "requestor_data": {}, "lease_until": "2030-01-02T15:04:05Z"}`,
+		`{"id": "x", "labels": []}`,
+		`{"id": "..", "labels": ["a"]}`,
+		`{"labels": ["a"], "requestor_data": {"slots": -1}}`,
+		`{"labels": ["a"], "requestor_data": [1]}`,
+		`{"labels": ["a"], "lease_until": "tomorrow"}`,
+		`{"labels": ["a"], "priority": 1e400}`,
+		`{"labels": "a"}`,
+		`{"labels": ["a"]} {"labels": ["b"]}`,
+		`{"id": "keep-me", "labels": ["a"], "colour": "red"}`,
+		``, `null`, `[]`, `"labels"`, `{`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := events.ParseRequest(data)
+		if m.ID != "" && !events.ValidID(m.ID) {
+			t.Fatalf("id %q is not valid, yet returned (err %v)", m.ID, err)
+		}
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("an error that says nothing")
+			}
+			return
+		}
+		if verr := m.Validate(); verr != nil {
+			t.Fatalf("accepted a message that is not valid: %v", verr)
+		}
+		if len(m.Labels) == 0 || len(m.Labels) > events.MaxLabels {
+			t.Fatalf("accepted %d labels", len(m.Labels))
+		}
+		if len(m.RequestorData) > 0 && string(m.RequestorData) != "null" && !json.Valid(m.RequestorData) {
+			t.Fatalf("accepted requestor_data that is not JSON: %q", m.RequestorData)
+		}
+		again, err := json.Marshal(m)
+		if err != nil {
+			t.Fatalf("accepted a message that does not encode: %v", err)
+		}
+		m2, err := events.ParseRequest(again)
+		if err != nil {
+			t.Fatalf("an accepted message, encoded again, is refused: %v\n%s", err, again)
+		}
+		if m2.ID != m.ID || strings.Join(m2.Labels, ",") != strings.Join(m.Labels, ",") || m2.PriorityOrDefault() != m.PriorityOrDefault() ||
+			(m.LeaseUntil == nil) != (m2.LeaseUntil == nil) || (m.LeaseUntil != nil && !m.LeaseUntil.Equal(*m2.LeaseUntil)) {
+			t.Fatalf("read back differently:\n%+v\n%+v", m, m2)
+		}
+	})
+}
+
+// FuzzParseTrigger: whatever lands on a build or upload subject, the
+// subject and body parsers return (no panic), and what they accept is a
+// valid name and a known reason.
+func FuzzParseTrigger(f *testing.F) {
+	for _, seed := range []struct{ subject, body string }{
+		{"nodepool.builds.ubuntu-noble", ``},
+		{"nodepool.builds.ubuntu-noble", `{"reason": "manual", "detail": "x", "requested_by": "me"}`},
+		{"nodepool.builds.a=b", `{"reason": "scheduled"}`},
+		{"nodepool.uploads.ubuntu-noble.cloud1", `{"reason": "manual"}`},
+		{"nodepool.uploads.ubuntu-noble", `{}`},
+		{"nodepool.builds.", `{"reason": "later"}`},
+		{"nodepool.builds.x.y", `[]`},
+	} {
+		f.Add(seed.subject, []byte(seed.body))
+	}
+	f.Fuzz(func(t *testing.T, subject string, body []byte) {
+		if image, err := events.ParseBuildSubject(subject); err == nil {
+			if !events.ValidImageName(image) || events.BuildSubject(image) != subject {
+				t.Fatalf("build subject %q read as image %q", subject, image)
+			}
+		}
+		if image, provider, err := events.ParseUploadSubject(subject); err == nil {
+			if !events.ValidImageName(image) || !events.ValidImageName(provider) || events.UploadSubject(image, provider) != subject {
+				t.Fatalf("upload subject %q read as %q, %q", subject, image, provider)
+			}
+		}
+		if m, err := events.ParseBuildMessage(body); err == nil && m.Reason != events.ReasonManual && m.Reason != events.ReasonScheduled {
+			t.Fatalf("build trigger with reason %q accepted", m.Reason)
+		}
+		_, _ = events.ParseUploadMessage(body)
+	})
+}
