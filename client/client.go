@@ -193,6 +193,22 @@ func (c *Client) modifyNode(ctx context.Context, nodeID string, fn func(*kv.Node
 	})
 }
 
+// giveUpNode is modifyNode for a change that ends with the node deleted
+// (a return, a delete): a node gone after an earlier try is no error, as
+// that try landed and nodepool has deleted the node since.
+func (c *Client) giveUpNode(ctx context.Context, nodeID string, fn func(*kv.Node) error) error {
+	tried := false
+	_, err := natsretry.Do(ctx, func(ctx context.Context) (kv.Entry[kv.Node], error) {
+		e, err := c.b.Nodes.Modify(ctx, nodeID, fn)
+		if tried && errors.Is(err, kv.ErrNotFound) {
+			return e, kv.ErrSkip
+		}
+		tried = true
+		return e, err
+	})
+	return err
+}
+
 // Take moves a node allocated to a request from ready to in-use, held by
 // holder. A non-nil leaseUntil makes the holder responsible for renewing it
 // (Renew): an in-use node whose lease ran out is deleted. Taking a node
@@ -236,7 +252,7 @@ func (c *Client) Return(ctx context.Context, nodeID string) error {
 // ReturnAs gives a node back on behalf of g.Holder: it refuses a node held
 // by someone else, allocated to a request, or on hold, unless g.Force.
 func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
-	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
+	err := c.giveUpNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
 		case kv.NodeUsed, kv.NodeDeleting:
@@ -288,7 +304,7 @@ func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {
 // refuses a node held by someone else, allocated to a request, or on hold,
 // unless g.Force.
 func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error {
-	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
+	err := c.giveUpNode(ctx, nodeID, func(n *kv.Node) error {
 		if n.State == kv.NodeDeleting {
 			return kv.ErrSkip
 		}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -406,7 +407,19 @@ func (m *createMachine) State() json.RawMessage {
 
 func (m *createMachine) ExternalID() string { return m.st.Instance }
 
+// Advance makes the machine's next step. A call to the simulated cloud
+// that failed on its way (its NATS request timed out, or the cluster had
+// no leader) may or may not have taken effect: drivers.ErrUncertain, as
+// every step is safe to make again.
 func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	step, err := m.advance(ctx)
+	if err != nil && ctx.Err() == nil && natsretry.Transient(err) {
+		err = fmt.Errorf("%w: %w", drivers.ErrUncertain, err)
+	}
+	return step, err
+}
+
+func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	p := m.p
 	if err := p.apiCall(ctx); err != nil {
 		return drivers.Step{}, err
@@ -456,8 +469,15 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		}
 		// The token makes the create idempotent: an instance an earlier try
 		// of this attempt made (which the cache had not seen yet) is found
-		// here, not created twice.
-		if _, err := p.cache.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
+		// here, not created twice; and, as a cloud's idempotency tokens
+		// do, a token used once never makes a second instance, even once
+		// its first was deleted (the next step finds it gone, and the
+		// attempt fails).
+		rev, err := p.store.CreateNew(ctx, id, &rec)
+		switch {
+		case err == nil:
+			p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec, Revision: rev})
+		case !errors.Is(err, kv.ErrExists):
 			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
 		}
 		m.st = machineState{Step: "boot", Instance: id}
