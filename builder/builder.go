@@ -35,6 +35,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
@@ -419,15 +420,17 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 	if n == 0 {
 		return nil
 	}
-	cons, err := b.js.CreateOrUpdateConsumer(ctx, events.BuildsStream, jetstream.ConsumerConfig{
-		Durable:       name,
-		Description:   what,
-		FilterSubject: subject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       b.ackWait(),
-		MaxDeliver:    triggerMaxDeliver,
-		MaxAckPending: 1000,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return b.js.CreateOrUpdateConsumer(ctx, events.BuildsStream, jetstream.ConsumerConfig{
+			Durable:       name,
+			Description:   what,
+			FilterSubject: subject,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       b.ackWait(),
+			MaxDeliver:    triggerMaxDeliver,
+			MaxAckPending: 1000,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("creating the %s consumer: %w", what, err)
@@ -440,7 +443,9 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 
 func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) {
 	for ctx.Err() == nil {
-		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// A short wait per pull: a pull lost with a server of the
+		// cluster is made again soon.
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		msg, err := cons.Next(jetstream.FetchContext(fctx))
 		timedOut := fctx.Err() != nil
 		cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -22,18 +23,29 @@ import (
 // build, so that an upload worker on any host can read them.
 const FilesBucket = "nodepool-image-files"
 
-// EnsureFiles creates (or opens) the image files object store.
+// EnsureFiles creates (or opens) the image files object store. As for the
+// buckets (kv.EnsureBucket), a cluster between two leaders, or one that
+// does not know everywhere yet the store another process just created, is
+// waited out.
 func EnsureFiles(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) (jetstream.ObjectStore, error) {
-	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      FilesBucket,
-		Description: "image files of the builds in nodepool-images",
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
+	obs, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      FilesBucket,
+			Description: "image files of the builds in nodepool-images",
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
+		})
 	})
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		log.Warn("object store exists with other settings; using it as it is", "bucket", FilesBucket)
-		obs, err = js.ObjectStore(ctx, FilesBucket)
+		err = nil
 	}
+	if err != nil {
+		return nil, fmt.Errorf("opening object store %s: %w", FilesBucket, err)
+	}
+	obs, err = natsretry.Await(ctx, jetstream.ErrBucketNotFound, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.ObjectStore(ctx, FilesBucket)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("opening object store %s: %w", FilesBucket, err)
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -115,58 +117,107 @@ func (c *Client) Buckets() *kv.Buckets { return c.b }
 // JetStream is the client's JetStream context.
 func (c *Client) JetStream() jetstream.JetStream { return c.js }
 
-// Submit publishes a request and returns its id.
+// Submit publishes a request and returns its id. The publish is
+// acknowledged by the stream, and tried again with the same Nats-Msg-Id
+// while the cluster elects a leader, until ctx ends.
 func (c *Client) Submit(ctx context.Context, m events.RequestMessage) (string, error) {
 	return events.PublishRequest(ctx, c.js, m)
 }
 
 // Wait watches a request until it is fulfilled or failed. A failed request
-// is returned with an error wrapping ErrRequestFailed.
+// is returned with an error wrapping ErrRequestFailed. A watch that ends
+// (its server went away) is started again: it begins with the record as
+// it is now.
 func (c *Client) Wait(ctx context.Context, id string) (kv.Entry[kv.Request], error) {
-	w, err := c.b.Requests.Bucket().Watch(ctx, id)
+	seen := false
+	for {
+		e, done, err := c.waitOnce(ctx, id, &seen)
+		if done || ctx.Err() != nil {
+			return e, err
+		}
+		if !wait.Sleep(ctx, 100*time.Millisecond) {
+			return e, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
+		}
+	}
+}
+
+// waitOnce runs one watch of a request; done is false when the watch
+// could not start or ended before the request did.
+func (c *Client) waitOnce(ctx context.Context, id string, seen *bool) (kv.Entry[kv.Request], bool, error) {
+	w, err := c.b.Requests.WatchKeys(ctx, id)
 	if err != nil {
-		return kv.Entry[kv.Request]{}, err
+		if natsretry.Transient(err) {
+			return kv.Entry[kv.Request]{}, false, err
+		}
+		return kv.Entry[kv.Request]{}, true, err
 	}
 	defer func() { _ = w.Stop() }()
-	seen := false
 	for {
 		select {
 		case <-ctx.Done():
-			return kv.Entry[kv.Request]{}, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
+			return kv.Entry[kv.Request]{}, true, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
 		case e, ok := <-w.Updates():
 			if !ok {
-				return kv.Entry[kv.Request]{}, fmt.Errorf("waiting for request %s: watch closed", id)
+				return kv.Entry[kv.Request]{}, false, fmt.Errorf("waiting for request %s: watch closed", id)
 			}
 			if e == nil {
 				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
-				if seen {
-					return kv.Entry[kv.Request]{}, fmt.Errorf("request %s: %w", id, ErrRequestDeleted)
+				if *seen {
+					return kv.Entry[kv.Request]{}, true, fmt.Errorf("request %s: %w", id, ErrRequestDeleted)
 				}
 				continue
 			}
-			seen = true
+			*seen = true
 			r, err := kv.Decode[kv.Request](id, e.Value())
 			if err != nil {
-				return kv.Entry[kv.Request]{}, err
+				return kv.Entry[kv.Request]{}, true, err
 			}
 			entry := kv.Entry[kv.Request]{Key: id, Value: r, Revision: e.Revision()}
 			switch r.State {
 			case kv.RequestFulfilled:
-				return entry, nil
+				return entry, true, nil
 			case kv.RequestFailed:
-				return entry, fmt.Errorf("request %s: %w: %s", id, ErrRequestFailed, r.Reason)
+				return entry, true, fmt.Errorf("request %s: %w: %s", id, ErrRequestFailed, r.Reason)
 			}
 		}
 	}
 }
 
+// modifyNode changes a node record, trying again through elections (see
+// natsretry): fn must accept the record an earlier try that landed left.
+func (c *Client) modifyNode(ctx context.Context, nodeID string, fn func(*kv.Node) error) (kv.Entry[kv.Node], error) {
+	return natsretry.Do(ctx, func(ctx context.Context) (kv.Entry[kv.Node], error) {
+		return c.b.Nodes.Modify(ctx, nodeID, fn)
+	})
+}
+
+// giveUpNode is modifyNode for a change that ends with the node deleted
+// (a return, a delete): a node gone after an earlier try is no error, as
+// that try landed and nodepool has deleted the node since.
+func (c *Client) giveUpNode(ctx context.Context, nodeID string, fn func(*kv.Node) error) error {
+	tried := false
+	_, err := natsretry.Do(ctx, func(ctx context.Context) (kv.Entry[kv.Node], error) {
+		e, err := c.b.Nodes.Modify(ctx, nodeID, fn)
+		if tried && errors.Is(err, kv.ErrNotFound) {
+			return e, kv.ErrSkip
+		}
+		tried = true
+		return e, err
+	})
+	return err
+}
+
 // Take moves a node allocated to a request from ready to in-use, held by
 // holder. A non-nil leaseUntil makes the holder responsible for renewing it
-// (Renew): an in-use node whose lease ran out is deleted.
+// (Renew): an in-use node whose lease ran out is deleted. Taking a node
+// this holder already took for this request is a no-op.
 func (c *Client) Take(ctx context.Context, nodeID, requestID, holder string, leaseUntil *time.Time) (kv.Entry[kv.Node], error) {
-	return c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+	e, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
+		if n.State == kv.NodeInUse && n.Holder == holder && (requestID == "" || n.AllocatedTo == requestID) {
+			return kv.ErrSkip // taken by an earlier try whose answer was lost
+		}
 		if n.State != kv.NodeReady || (requestID != "" && n.AllocatedTo != requestID) {
 			return fmt.Errorf("node %s is %s, allocated to %q: %w", nodeID, n.State, n.AllocatedTo, ErrNotReady)
 		}
@@ -175,11 +226,15 @@ func (c *Client) Take(ctx context.Context, nodeID, requestID, holder string, lea
 		n.LeaseUntil = leaseUntil
 		return nil
 	})
+	if errors.Is(err, kv.ErrSkip) {
+		return e, nil
+	}
+	return e, err
 }
 
 // Renew extends the lease of a node this holder has in use.
 func (c *Client) Renew(ctx context.Context, nodeID, holder string, leaseUntil time.Time) error {
-	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
 		if n.State != kv.NodeInUse || n.Holder != holder {
 			return fmt.Errorf("node %s is %s, held by %q, not by %q", nodeID, n.State, n.Holder, holder)
 		}
@@ -197,7 +252,7 @@ func (c *Client) Return(ctx context.Context, nodeID string) error {
 // ReturnAs gives a node back on behalf of g.Holder: it refuses a node held
 // by someone else, allocated to a request, or on hold, unless g.Force.
 func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
-	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+	err := c.giveUpNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
 		case kv.NodeUsed, kv.NodeDeleting:
@@ -221,7 +276,7 @@ func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
 // operator, its expiry passes, or max-hold-age does. expire 0 means no
 // expiry of its own.
 func (c *Client) Hold(ctx context.Context, nodeID, reason string, expire time.Duration) (kv.Entry[kv.Node], error) {
-	return c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+	return c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeReady, kv.NodeInUse, kv.NodeUsed, kv.NodeHold:
 		default:
@@ -249,7 +304,7 @@ func (c *Client) DeleteNode(ctx context.Context, nodeID string) error {
 // refuses a node held by someone else, allocated to a request, or on hold,
 // unless g.Force.
 func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error {
-	_, err := c.b.Nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
+	err := c.giveUpNode(ctx, nodeID, func(n *kv.Node) error {
 		if n.State == kv.NodeDeleting {
 			return kv.ErrSkip
 		}
@@ -268,13 +323,28 @@ func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error
 }
 
 // DeleteRequest removes a request record; nodes allocated to it and not yet
-// taken go back to the pool.
+// taken go back to the pool. A request already gone (an earlier try that
+// landed) is no error; one that changed since it was read is read again.
 func (c *Client) DeleteRequest(ctx context.Context, id string) error {
-	e, err := c.b.Requests.Get(ctx, id)
-	if err != nil && !errors.Is(err, kv.ErrBadRecord) {
-		return err
-	}
-	return c.b.Requests.Delete(ctx, id, e.Revision)
+	first := true
+	_, err := natsretry.Do(ctx, func(ctx context.Context) (struct{}, error) {
+		for {
+			again := !first
+			first = false
+			e, err := c.b.Requests.Get(ctx, id)
+			if errors.Is(err, kv.ErrNotFound) && again {
+				return struct{}{}, nil
+			}
+			if err != nil && !errors.Is(err, kv.ErrBadRecord) {
+				return struct{}{}, err
+			}
+			err = c.b.Requests.Delete(ctx, id, e.Revision)
+			if !errors.Is(err, kv.ErrConflict) || ctx.Err() != nil {
+				return struct{}{}, err
+			}
+		}
+	})
+	return err
 }
 
 // RenewRequest extends the lease of a request (its lease_until).
@@ -306,7 +376,7 @@ func (c *Client) keepRequest(ctx context.Context, id string, lease time.Duration
 // allocated to it and not taken. A request published but not recorded yet
 // is waited for, up to the deadline of ctx, and deleted once it is.
 func (c *Client) Abandon(ctx context.Context, id string) error {
-	w, err := c.b.Requests.Bucket().Watch(ctx, id)
+	w, err := c.b.Requests.WatchKeys(ctx, id)
 	if err != nil {
 		return err
 	}

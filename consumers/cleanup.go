@@ -52,6 +52,9 @@ type sighting struct {
 func newCleanup(l *Launcher) *cleanup { return &cleanup{l: l} }
 
 func (c *cleanup) run(ctx context.Context) {
+	if !c.l.syncCaches(ctx) {
+		return
+	}
 	c.suspects = map[string]int{}
 	c.orphanPools = map[string]int{}
 	c.unowned = map[string]sighting{}
@@ -117,6 +120,9 @@ func (c *cleanup) handBack(ctx context.Context) {
 		return true
 	})
 	for _, id := range orphans {
+		if e, ok := l.nodes.Get(id); !ok || !l.gone(ctx, e.Value.Launcher) {
+			continue
+		}
 		_, err := l.nodes.Modify(ctx, id, func(n *kv.Node) error {
 			if (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) || n.Launcher == "" || l.alive(n.Launcher) {
 				return kv.ErrSkip
@@ -357,6 +363,10 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 		if c.suspects[key] < 2 {
 			continue
 		}
+		if !c.confirmLeaked(ctx, &inst) {
+			delete(c.suspects, key)
+			continue
+		}
 		if _, busy := c.deleting.LoadOrStore(key, true); busy {
 			continue
 		}
@@ -404,6 +414,27 @@ func (c *cleanup) leaked(inst *drivers.Instance) bool {
 	// cleans up the earlier one itself, or have not recorded its instance
 	// yet.
 	return n.State != kv.NodeBuilding && n.State != kv.NodeInit
+}
+
+// confirmLeaked reads the instance's node record afresh before the instance
+// is deleted for good: the cache may be behind the bucket (a watch that
+// stalled when a server of the cluster went away), and an instance whose
+// node the cache has not seen yet is not leaked.
+func (c *cleanup) confirmLeaked(ctx context.Context, inst *drivers.Instance) bool {
+	nodeID := inst.NodeID()
+	if nodeID == "" {
+		return true
+	}
+	e, err := c.l.b.Nodes.Get(ctx, nodeID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return true
+	case err != nil:
+		return false // not sure: the next sweep looks again
+	}
+	c.l.nodes.Apply(e)
+	n := &e.Value
+	return n.ExternalID != inst.ExternalID && n.State != kv.NodeBuilding && n.State != kv.NodeInit
 }
 
 // purge drops delete markers older than half an hour from the node and

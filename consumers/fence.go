@@ -104,7 +104,14 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 		}
 		if l.fencedOff.CompareAndSwap(true, false) {
 			l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
-			l.lifecycle.wg.Go(func() { l.lifecycle.resumeOwn(ctx) })
+			// The caches may be as old as the moment NATS was lost (a
+			// watch silent meanwhile): nodes another process took over
+			// since must not look like ours.
+			l.lifecycle.wg.Go(func() {
+				if l.syncCaches(ctx) {
+					l.lifecycle.resumeOwn(ctx)
+				}
+			})
 		}
 	}
 	for {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 )
@@ -36,6 +37,17 @@ type workerPool struct {
 	cc     jetstream.ConsumeContext
 }
 
+// A pull lives pullExpiry on the server that leads the consumer, which
+// sends a heartbeat every pullHeartbeat while it has nothing to deliver.
+// When that server goes away, the pull goes with it; the client notices
+// after two missed heartbeats and pulls again from the new leader. The
+// library's defaults (30 s and 15 s) would leave a worker group idle for
+// half a minute after every leader change of a cluster.
+const (
+	pullExpiry    = 5 * time.Second
+	pullHeartbeat = time.Second
+)
+
 func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
 	wp := &workerPool{queues: make([]chan jetstream.Msg, n)}
 	for i := range wp.queues {
@@ -51,7 +63,7 @@ func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(
 		h := fnv.New32a()
 		h.Write([]byte(key(msg)))
 		wp.queues[h.Sum32()%uint32(n)] <- msg
-	}, jetstream.PullMaxMessages(512))
+	}, jetstream.PullMaxMessages(512), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		wp.close()
 		return nil, err
@@ -75,16 +87,18 @@ func (wp *workerPool) Stop() {
 }
 
 func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
-	cons, err := l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
-		Durable:       IntakeConsumer,
-		Description:   "records node requests",
-		FilterSubject: events.NewRequestSubject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWaitBackoff[0],
-		BackOff:       ackWaitBackoff,
-		MaxDeliver:    intakeMaxDeliver,
-		MaxAckPending: 10000,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
+			Durable:       IntakeConsumer,
+			Description:   "records node requests",
+			FilterSubject: events.NewRequestSubject,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ackWaitBackoff[0],
+			BackOff:       ackWaitBackoff,
+			MaxDeliver:    intakeMaxDeliver,
+			MaxAckPending: 10000,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)
@@ -157,13 +171,29 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 // have deleted it since: then only a key that never existed may be
 // created. An id the stream assigned is unique, so its key is never
 // created twice either. A client may reuse its own id after deleting a
-// request, which the first delivery of a new message allows.
+// request: a message published after the deletion makes the record again.
+// Its delivery count does not tell a redelivery from a new message (it
+// starts again at one when the consumer's state is lost with a server of
+// the cluster, and a request resurrected so would pin its nodes), but
+// when it was published does.
 func (l *Launcher) recordRequest(ctx context.Context, rec *kv.Request, meta *jetstream.MsgMetadata) error {
-	create := l.requests.Create
-	if meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
-		create = l.createNewRequest
+	_, err := l.createNewRequest(ctx, rec.ID, rec)
+	if !errors.Is(err, kv.ErrExists) || meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
+		return err
 	}
-	_, err := create(ctx, rec.ID, rec)
+	deleted, at, rev, err := l.b.Requests.LastDeletion(ctx, rec.ID)
+	switch {
+	case err != nil:
+		return err
+	case !deleted:
+		return kv.ErrExists // recorded and not deleted
+	case !meta.Timestamp.After(at):
+		return kv.ErrExists // recorded, and deleted after this message was published
+	}
+	_, err = l.requests.Update(ctx, rec.ID, rec, rev)
+	if errors.Is(err, kv.ErrConflict) {
+		return kv.ErrExists // made again meanwhile, by another delivery
+	}
 	return err
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
@@ -209,7 +210,9 @@ func (l *Launcher) Run(ctx context.Context) error {
 		}
 	}
 
-	if err := l.heartbeat(ctx); err != nil {
+	// A cluster electing a leader is waited out: a process started then
+	// must not give up.
+	if _, err := natsretry.Do(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.heartbeat(ctx) }); err != nil {
 		return fmt.Errorf("registering launcher: %w", err)
 	}
 
@@ -323,10 +326,57 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 	}
 }
 
+// syncCaches waits until the node, request and component caches hold
+// every change made before the call, trying again until ctx ends; it
+// reports whether they do. A process taking over a duty from another
+// (a pool's lease, min-ready, cleanup) calls it first: after a server of
+// the cluster went away, its watches may be behind for a moment, and a
+// decision taken on an older view than its predecessor's (how many nodes a
+// pool has, which instances no record accounts for) would be wrong.
+func (l *Launcher) syncCaches(ctx context.Context) bool {
+	for failures := 0; ctx.Err() == nil; failures++ {
+		sctx, cancel := context.WithTimeout(ctx, l.opts.LeaseTTL)
+		err := errors.Join(l.nodes.Sync(sctx), l.requests.Sync(sctx), l.components.Sync(sctx))
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() == nil {
+			l.log.Debug("caches not in sync yet", "err", err)
+		}
+		if !wait.Sleep(ctx, min(wait.Backoff(failures), time.Second)) {
+			break
+		}
+	}
+	return false
+}
+
 // alive reports whether a component is alive (its heartbeat has not
 // expired).
 func (l *Launcher) alive(id string) bool {
 	return id != "" && l.components.Has(id)
+}
+
+// gone reports whether a launcher's heartbeat has expired, confirmed by a
+// fresh read of its record: taking over its nodes on the word of the
+// cache alone would be wrong when the cache is behind (a watch that
+// stalled, a launcher that has just registered), and two launchers would
+// then drive one machine. When not sure, it answers false.
+func (l *Launcher) gone(ctx context.Context, id string) bool {
+	if id == "" {
+		return true
+	}
+	if l.alive(id) {
+		return false
+	}
+	e, err := l.b.Components.Get(ctx, id)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return true
+	case err == nil:
+		l.components.Apply(e)
+	}
+	return false
 }
 
 // livePools lists the pools served by live launchers, with their

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -88,16 +89,18 @@ func newLifecycle(l *Launcher) *lifecycle {
 
 func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 	stream := "KV_" + kv.BucketNodes
-	cons, err := lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable:       LifecycleConsumer,
-		Description:   "node lifecycle: launches and deletes",
-		FilterSubject: "$KV." + kv.BucketNodes + ".>",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWaitBackoff[0],
-		BackOff:       ackWaitBackoff,
-		MaxDeliver:    lifecycleMaxDeliver,
-		MaxAckPending: 20000,
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable:       LifecycleConsumer,
+			Description:   "node lifecycle: launches and deletes",
+			FilterSubject: "$KV." + kv.BucketNodes + ".>",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ackWaitBackoff[0],
+			BackOff:       ackWaitBackoff,
+			MaxDeliver:    lifecycleMaxDeliver,
+			MaxAckPending: 20000,
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)
@@ -232,6 +235,9 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	if !lc.l.needsWork(n) {
 		return nil
 	}
+	if (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && n.Launcher != "" && n.Launcher != me && !lc.l.gone(ctx, n.Launcher) {
+		return nil // its launcher lives: the cache was behind
+	}
 	if lc.l.fenced() {
 		return errFenced
 	}
@@ -280,6 +286,15 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		return nil
 	})
+	if errors.Is(err, kv.ErrSkip) && claimed.Value.Launcher == me &&
+		(claimed.Value.State == kv.NodeBuilding || claimed.Value.State == kv.NodeDeleting) {
+		// An earlier claim of this process whose answer did not come in
+		// time landed all the same (a loaded cluster): the node is ours,
+		// and no later change of it may come to this process to say so.
+		lc.launch(claimed, slot)
+		slot = false
+		return nil
+	}
 	if err != nil {
 		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
 			return nil

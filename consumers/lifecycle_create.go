@@ -87,6 +87,15 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 			}
 			waits++
 			continue
+		case err != nil && errors.Is(err, drivers.ErrUncertain) && time.Since(attemptStart) <= prov.BootTimeout.D():
+			// The step may have taken effect: make it again, as it is
+			// safe to, rather than start another attempt.
+			log.Warn("cloud call of unknown outcome; making the step again", "err", err)
+			if !wait.Sleep(ctx, min(wait.Backoff(waits), 2*time.Second)) {
+				return
+			}
+			waits++
+			continue
 		case err != nil:
 			attemptErr = err
 		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():

@@ -47,6 +47,9 @@ func (m *minReady) run(ctx context.Context) {
 			return
 		}
 	}
+	if !m.l.syncCaches(ctx) {
+		return
+	}
 	nodeSub := m.l.nodes.Subscribe()
 	defer m.l.nodes.Unsubscribe(nodeSub)
 	reqSub := m.l.requests.Subscribe()

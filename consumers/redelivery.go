@@ -26,8 +26,11 @@ const (
 )
 
 // ackWaitBackoff is the ack wait of the first deliveries of a message whose
-// handler did not answer (a process killed mid-message): 30 s, then longer.
-var ackWaitBackoff = []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute}
+// handler did not answer (a process killed mid-message, or a message that
+// was on its way when the consumer's server went away, which only this
+// wait brings back): 10 s, then longer. The handlers are quick (a launch
+// or a delete runs on after its claim is acknowledged).
+var ackWaitBackoff = []time.Duration{10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute}
 
 // backoff is base doubling with each delivery after the first, at most
 // limit, less up to a quarter at random so that messages NAKed together do

@@ -44,6 +44,9 @@ func newTerm(s *scheduler) *term {
 // pass, and waits for the next change, job or tick.
 func (t *term) run(ctx context.Context) {
 	defer t.l.setPaused(t.ref, false)
+	if !t.l.syncCaches(ctx) {
+		return
+	}
 
 	// The cloud's view of quota is read before the first decision, then
 	// now and then, not on every pass.

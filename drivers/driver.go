@@ -30,6 +30,14 @@ var (
 	// node a metastatic node waits for failed, say); the node fails at
 	// once, whatever launch-retries allows.
 	ErrFatal = errors.New("launch cannot succeed")
+	// ErrUncertain: a call failed on its way (a timeout, the connection
+	// lost) and may or may not have taken effect. Only a step that is
+	// safe to make again returns it (a create carrying its attempt's
+	// idempotency token): the launcher makes the step again, for as long
+	// as the attempt's boot-timeout allows, instead of counting a failed
+	// attempt, whose next attempt would leave the instance this one may
+	// have made without a node for the whole launch.
+	ErrUncertain = errors.New("outcome of the cloud call unknown")
 )
 
 // Tags that every driver puts on the instances it creates, so that leaked

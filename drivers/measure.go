@@ -160,7 +160,7 @@ func (mi *measuredImages) ListImages(ctx context.Context) ([]Image, error) {
 
 // ErrorKind names the kind of a driver's error for metrics and logs:
 // "" for nil, then quota, capacity, not_found, rate_limited, fatal,
-// canceled (the caller's context ended), timeout, or other.
+// uncertain, canceled (the caller's context ended), timeout, or other.
 func ErrorKind(err error) string {
 	switch {
 	case err == nil:
@@ -175,6 +175,8 @@ func ErrorKind(err error) string {
 		return "rate_limited"
 	case errors.Is(err, ErrFatal):
 		return "fatal"
+	case errors.Is(err, ErrUncertain):
+		return "uncertain"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded):

@@ -13,6 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 )
 
 // DefaultPriority is the priority of a request that names none.
@@ -166,9 +169,12 @@ func (m *RequestMessage) Validate() error {
 	return nil
 }
 
-// PublishRequest validates and publishes a request and returns its id. With
-// an id, the message carries it as Nats-Msg-Id, so a resubmission within the
-// stream's duplicate window is a no-op.
+// PublishRequest validates and publishes a request and returns its id. The
+// message carries a Nats-Msg-Id (the request's id, or a unique one when it
+// has none), so the publish is tried again, through a leader election or a
+// lost acknowledgement, until the stream acknowledges it or ctx ends: a
+// resubmission within the stream's duplicate window is a no-op, and the
+// stream answers it with the sequence of the first.
 func PublishRequest(ctx context.Context, js jetstream.JetStream, m RequestMessage) (string, error) {
 	if err := m.Validate(); err != nil {
 		return "", fmt.Errorf("invalid request: %w", err)
@@ -177,12 +183,14 @@ func PublishRequest(ctx context.Context, js jetstream.JetStream, m RequestMessag
 	if err != nil {
 		return "", fmt.Errorf("encoding request: %w", err)
 	}
-	msg := &nats.Msg{Subject: NewRequestSubject, Data: data, Header: nats.Header{}}
-	var opts []jetstream.PublishOpt
-	if m.ID != "" {
-		opts = append(opts, jetstream.WithMsgID(m.ID))
+	msgID := m.ID
+	if msgID == "" {
+		msgID = nuid.Next()
 	}
-	ack, err := js.PublishMsg(ctx, msg, opts...)
+	ack, err := natsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+		msg := &nats.Msg{Subject: NewRequestSubject, Data: data, Header: nats.Header{}}
+		return js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))
+	})
 	if err != nil {
 		return "", fmt.Errorf("publishing request: %w", err)
 	}

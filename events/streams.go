@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 )
 
 // Streams and subjects (public contract).
@@ -71,16 +73,23 @@ func StreamConfigs(replicas int) []jetstream.StreamConfig {
 }
 
 // Ensure creates the streams that do not exist yet. A stream that exists with
-// other settings is used as it is, with a warning.
+// other settings is used as it is, with a warning. In a cluster, a leader
+// election and a stream another process just created are waited out (see
+// natsretry).
 func Ensure(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
 	for _, cfg := range StreamConfigs(replicas) {
-		_, err := js.CreateStream(ctx, cfg)
+		_, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, cfg) })
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			log.Warn("stream exists with other settings; using it as it is", "stream", cfg.Name)
-			continue
+			err = nil
 		}
 		if err != nil {
 			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
+		}
+		if _, err := natsretry.Await(ctx, jetstream.ErrStreamNotFound, func(ctx context.Context) (jetstream.Stream, error) {
+			return js.Stream(ctx, cfg.Name)
+		}); err != nil {
+			return fmt.Errorf("opening stream %s: %w", cfg.Name, err)
 		}
 	}
 	return nil

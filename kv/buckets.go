@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 )
 
 // Bucket names (public contract).
@@ -74,7 +76,7 @@ func markerTTL(ttl time.Duration) time.Duration { return max(ttl, time.Minute) }
 // buckets whose TTLs differ (changed by hand) are refused.
 func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Logger) (*Buckets, error) {
 	for _, cfg := range BucketConfigs(o) {
-		if err := ensureBucket(ctx, js, cfg, log); err != nil {
+		if _, err := EnsureBucket(ctx, js, cfg, log); err != nil {
 			return nil, err
 		}
 	}
@@ -103,17 +105,25 @@ func bucketTTL(ctx context.Context, b jetstream.KeyValue) time.Duration {
 	return st.TTL()
 }
 
-func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) error {
-	_, err := js.CreateKeyValue(ctx, cfg)
+// EnsureBucket creates a bucket, or opens it if it exists (with a warning
+// when its settings differ), and returns it once it answers. In a cluster,
+// a create that another process started a moment before is acknowledged
+// before every server knows the bucket, and a server still electing a
+// leader answers nothing: both are waited out. A replicated bucket reads
+// from its stream's leader (ReadFromLeader).
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) (jetstream.KeyValue, error) {
+	create := func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, cfg) }
+	_, err := natsretry.Do(ctx, create)
 	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
 		log.Warn("the NATS server does not support TTL markers; lease expiry is noticed by polling", "bucket", cfg.Bucket)
 		cfg.LimitMarkerTTL = 0
-		_, err = js.CreateKeyValue(ctx, cfg)
+		_, err = natsretry.Do(ctx, create)
 	}
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		existing, gerr := js.KeyValue(ctx, cfg.Bucket)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketExists):
+		existing, gerr := awaitBucket(ctx, js, cfg.Bucket)
 		if gerr != nil {
-			return fmt.Errorf("opening bucket %s: %w", cfg.Bucket, gerr)
+			return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, gerr)
 		}
 		attrs := []any{"bucket", cfg.Bucket, "want_ttl", cfg.TTL, "want_history", cfg.History, "want_replicas", cfg.Replicas}
 		if st, serr := existing.Status(ctx); serr == nil {
@@ -123,20 +133,32 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.Key
 			}
 		}
 		log.Warn("bucket exists with other settings; using it as it is", attrs...)
-		return nil
+	case err != nil:
+		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
 	}
+	b, err := awaitBucket(ctx, js, cfg.Bucket)
 	if err != nil {
-		return fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, err)
 	}
-	return nil
+	return ReadFromLeader(ctx, js, b)
+}
+
+// awaitBucket opens a bucket that was just created or found.
+func awaitBucket(ctx context.Context, js jetstream.JetStream, name string) (jetstream.KeyValue, error) {
+	return natsretry.Await(ctx, jetstream.ErrBucketNotFound, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.KeyValue(ctx, name)
+	})
 }
 
 // Open opens the buckets, which must exist.
 func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	open := func(name string) (jetstream.KeyValue, error) {
-		b, err := js.KeyValue(ctx, name)
+		b, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, name) })
 		if err != nil {
-			return nil, fmt.Errorf("opening bucket %s (is a launcher running against this server?): %w", name, err)
+			return nil, fmt.Errorf("opening bucket %s (is nodepool running against this server?): %w", name, err)
+		}
+		if b, err = ReadFromLeader(ctx, js, b); err != nil {
+			return nil, err
 		}
 		return b, nil
 	}

@@ -40,16 +40,29 @@ type Cache[T any] struct {
 	observers []func(Change[T])
 	synced    chan struct{}
 	once      sync.Once
+
+	// fresh is the stream sequence up to which the cache holds every
+	// change of its keys; progress is closed (and replaced) when it grows.
+	fresh    uint64
+	progress chan struct{}
 }
+
+// staleCheck is how long a watch may deliver nothing before the cache asks
+// the stream whether it missed something. A watch is an ordered consumer on
+// the server that leads the bucket's stream; when that server goes away,
+// the client notices only after two missed idle heartbeats (10 to 20 s),
+// and until then the cache would silently fall behind.
+const staleCheck = time.Second
 
 // NewCache makes a cache of a store; Run fills it.
 func NewCache[T any](store *Store[T], log *slog.Logger) *Cache[T] {
 	return &Cache[T]{
-		store:   store,
-		log:     log.With("bucket", store.kv.Bucket()),
-		entries: map[string]*Entry[T]{},
-		gone:    map[string]uint64{},
-		synced:  make(chan struct{}),
+		store:    store,
+		log:      log.With("bucket", store.kv.Bucket()),
+		entries:  map[string]*Entry[T]{},
+		gone:     map[string]uint64{},
+		synced:   make(chan struct{}),
+		progress: make(chan struct{}),
 	}
 }
 
@@ -68,7 +81,7 @@ func (c *Cache[T]) WaitSynced(ctx context.Context) error {
 }
 
 // Run watches the bucket until ctx ends, restarting the watch where it
-// stopped if it fails.
+// stopped if it fails or falls silent while the stream moves on.
 func (c *Cache[T]) Run(ctx context.Context) error {
 	var last uint64
 	for ctx.Err() == nil {
@@ -76,6 +89,9 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		if last > 0 {
 			opts = append(opts, jetstream.ResumeFromRevision(last+1))
 		}
+		// The stream's last sequence before the watch starts: once the
+		// watch has delivered what was pending, the cache covers it.
+		target, _ := c.streamLast(ctx)
 		w, err := c.store.watch(ctx, opts...)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -88,7 +104,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		last = c.consume(ctx, w, last)
+		last = c.consume(ctx, w, last, target)
 		_ = w.Stop()
 	}
 	return nil
@@ -109,7 +125,58 @@ func (c *Cache[T]) Start() (stop func()) {
 	}
 }
 
-func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last uint64) uint64 {
+// streamLast reads the last sequence of the bucket's stream (from the
+// stream's leader).
+func (c *Cache[T]) streamLast(ctx context.Context) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := c.store.kv.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	bst, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, errors.New("unexpected bucket status")
+	}
+	return bst.StreamInfo().State.LastSeq, nil
+}
+
+// advance records that the cache holds every change up to seq.
+func (c *Cache[T]) advance(seq uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq > c.fresh {
+		c.fresh = seq
+		close(c.progress)
+		c.progress = make(chan struct{})
+	}
+}
+
+// Sync waits until the cache holds every change the bucket had when Sync
+// was called: a process that takes over a duty (a pool's scheduling, a
+// sweep) calls it before acting on the cache, so that it does not act on
+// a view older than its predecessor's.
+func (c *Cache[T]) Sync(ctx context.Context) error {
+	target, err := c.streamLast(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		c.mu.RLock()
+		fresh, progress := c.fresh, c.progress
+		c.mu.RUnlock()
+		if fresh >= target {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-progress:
+		}
+	}
+}
+
+func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last, target uint64) uint64 {
 	if last > 0 {
 		// A resumed watch sends no initial-values marker we need.
 		c.markSynced()
@@ -118,7 +185,14 @@ func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last uin
 	// write-through of an older revision to arrive and be refused.
 	tidy := time.NewTicker(time.Minute)
 	defer tidy.Stop()
+	check := time.NewTicker(staleCheck)
+	defer check.Stop()
 	var lastAtTidy uint64
+	heard := time.Now()
+	// suspect is a stream sequence the watch had not delivered at the
+	// last check; still missing at the next one, the watch has stalled (a
+	// change just written is merely on its way).
+	var suspect uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -126,16 +200,38 @@ func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last uin
 		case <-tidy.C:
 			c.ForgetDeleted(lastAtTidy)
 			lastAtTidy = last
+		case <-check.C:
+			if time.Since(heard) < staleCheck {
+				continue
+			}
+			// Quiet for a while: if the stream has moved on, the watch
+			// has stalled; start it again where it stopped.
+			c.mu.RLock()
+			fresh := c.fresh
+			c.mu.RUnlock()
+			if suspect > fresh {
+				c.log.Debug("watch silent while the bucket changed; restarting it", "revision", last, "missing", suspect)
+				return last
+			}
+			suspect = 0
+			if seq, err := c.streamLast(ctx); err == nil && seq > fresh {
+				suspect = seq
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return last
 			}
+			heard = time.Now()
 			if e == nil {
+				// Caught up with what the stream held when the watch
+				// started.
+				c.advance(max(last, target))
 				c.markSynced()
 				continue
 			}
 			last = e.Revision()
 			c.observe(e)
+			c.advance(last)
 		}
 	}
 }

@@ -69,7 +69,17 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 // Renew extends a held lease. An ErrConflict or ErrNotFound means it was lost.
 func (l *Lease) Renew(ctx context.Context) error {
 	now := time.Now().UTC()
-	rev, err := l.store.Update(ctx, l.key, &LeaseRecord{Holder: l.holder, Acquired: l.since, Renewed: now}, l.rev)
+	rec := &LeaseRecord{Holder: l.holder, Acquired: l.since, Renewed: now}
+	rev, err := l.store.Update(ctx, l.key, rec, l.rev)
+	if errors.Is(err, ErrConflict) {
+		// A renewal whose answer did not come in time (a loaded cluster)
+		// may have landed all the same: the lease is still this
+		// holder's, from this acquisition, if the record says so.
+		e, gerr := l.store.Get(ctx, l.key)
+		if gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(l.since) {
+			rev, err = l.store.Update(ctx, l.key, rec, e.Revision)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -163,7 +173,7 @@ loop:
 // process can try at once instead of at its next poll.
 func (l *Lease) watchKey(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{}, 1)
-	w, err := l.store.kv.Watch(ctx, l.key, jetstream.UpdatesOnly())
+	w, err := l.store.WatchKeys(ctx, l.key, jetstream.UpdatesOnly())
 	if err != nil {
 		l.log.Debug("cannot watch lease key; polling only", "err", err)
 		return ch

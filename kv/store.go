@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -54,10 +55,67 @@ func (s *Store[T]) Filtered(pattern string) *Store[T] { return &Store[T]{kv: s.k
 
 // watch watches the store's keys.
 func (s *Store[T]) watch(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	if s.keys != "" {
-		return s.kv.Watch(ctx, s.keys, opts...)
+	keys := s.keys
+	if keys == "" {
+		keys = jetstream.AllKeys
 	}
-	return s.kv.WatchAll(ctx, opts...)
+	return s.WatchKeys(ctx, keys, opts...)
+}
+
+// watchStart bounds the start of a watch.
+const watchStart = 10 * time.Second
+
+// WatchKeys watches the keys matching a pattern until ctx ends or the
+// watch is stopped. Starting it is bounded: its consumer is made by a
+// request that, sent while the connection was being re-established or its
+// server was going away, may never be answered, and the caller would wait
+// for ever (the watch itself must live with ctx, which the library also
+// uses when it makes the consumer again).
+func (s *Store[T]) WatchKeys(ctx context.Context, keys string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	type started struct {
+		w   jetstream.KeyWatcher
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		w, err := s.kv.Watch(wctx, keys, opts...)
+		ch <- started{w, err}
+	}()
+	t := time.NewTimer(watchStart)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			cancel()
+			return nil, r.err
+		}
+		return &stoppingWatcher{KeyWatcher: r.w, cancel: cancel}, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	cancel()
+	go func() {
+		if r := <-ch; r.w != nil {
+			_ = r.w.Stop()
+		}
+	}()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("watching %s: no answer within %s: %w", s.kv.Bucket(), watchStart, context.DeadlineExceeded)
+}
+
+// stoppingWatcher ends its context when stopped.
+type stoppingWatcher struct {
+	jetstream.KeyWatcher
+	cancel context.CancelFunc
+}
+
+func (w *stoppingWatcher) Stop() error {
+	err := w.KeyWatcher.Stop()
+	w.cancel()
+	return err
 }
 
 // Bucket returns the underlying bucket.
@@ -129,6 +187,22 @@ func (s *Store[T]) CreateNew(ctx context.Context, key string, v *T) (uint64, err
 		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
 	}
 	return rev, nil
+}
+
+// LastDeletion reports whether a key's last change is its deletion, and
+// then when the bucket took it and at which revision (a Create or an
+// Update at that revision makes the key live again). A key that never held
+// a record, or whose delete marker was purged, is ErrNotFound.
+func (s *Store[T]) LastDeletion(ctx context.Context, key string) (deleted bool, at time.Time, rev uint64, err error) {
+	h, err := s.kv.History(ctx, key)
+	if err != nil {
+		return false, time.Time{}, 0, fmt.Errorf("reading the history of %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+	}
+	last := h[len(h)-1]
+	if last.Operation() == jetstream.KeyValuePut {
+		return false, time.Time{}, last.Revision(), nil
+	}
+	return true, last.Created(), last.Revision(), nil
 }
 
 // Update writes a record if it is still at revision rev; ErrConflict if not.

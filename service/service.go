@@ -103,6 +103,11 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		url = ns.ClientURL()
 		log.Info("embedded NATS server running", "url", url, "store", filepath.Join(s.DataDir, "jetstream"))
 	}
+	// While the connection is being re-established, nothing is buffered:
+	// a write made then fails at once (and is made again by its caller)
+	// instead of reaching the server late, after this process may have
+	// lost the leases and nodes it was written for.
+	opts = append(opts, nats.ReconnectBufSize(-1))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to NATS at %s: %w", config.RedactURLs(url), err)

@@ -13,50 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/nodepool-nats/nodepool/client"
-	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
-
-const killConfig = `
-labels:
-  - name: small
-    min-ready: 2
-    max-ready-age: 5
-  - name: medium
-    max-ready-age: 2
-  - name: big
-    max-ready-age: 2
-providers:
-  - name: cloud1
-    driver: fake
-    boot-delay: 0.3
-    delete-delay: 0.1
-    api-delay: 0.005
-    failure-rate: 0.05
-    launch-retries: 3
-    quota: {instances: 45}
-    pools:
-      - name: main
-        max-servers: 30
-        labels: [small, medium, big]
-      - name: spare
-        priority: 200
-        max-servers: 10
-        labels: [small, medium]
-`
-
-// Three launcher processes share one nats-server while requests flow and a
-// random launcher is killed (SIGKILL) and restarted every few seconds. At
-// the end, from the records and the cloud: every request is fulfilled or
-// failed with a true reason, no node was given to two requests, no
-// instance is left without a record and no record points to a missing
-// instance.
-func TestKillLaunchersUnderLoad(t *testing.T) {
-	t.Parallel()
-	killUnderLoad(t, fakeKillCloud(), 600)
-}
 
 // killCloud is the cloud a kill test runs against: the configuration of
 // provider cloud1, what the launchers' environment adds, and the cloud's
@@ -69,17 +29,13 @@ type killCloud struct {
 	failure string
 }
 
-func fakeKillCloud() killCloud {
-	return killCloud{config: killConfig, failure: "launch failed after 3 attempt(s)", instances: func(rec *records) map[string]string {
-		out := map[string]string{}
-		rec.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
-			out[e.Key] = e.Value.Tags["nodepool_node_id"]
-			return true
-		})
-		return out
-	}}
-}
-
+// killUnderLoad is the kill test of a cloud driver: three launcher
+// processes share one nats-server while requests flow and a random
+// launcher is killed (SIGKILL) and restarted every few seconds. At the end,
+// from the records and the cloud: every request is fulfilled or failed
+// with a true reason, no node was given to two requests, no instance is
+// left without a record and no record points to a missing instance. The
+// fake cloud's kill test is TestChaos, on a cluster, with more faults.
 func killUnderLoad(t *testing.T, cloud killCloud, n int) {
 	srv := natstest.Start(t)
 	url := srv.ClientURL()

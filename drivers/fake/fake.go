@@ -25,6 +25,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -99,26 +100,20 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	if cfg.Driver != "fake" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
 	}
-	bucket, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
 		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		bucket, err = js.KeyValue(ctx, BucketName(cfg.Cloud))
-	}
+	}, log)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
 	}
 	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
 	var api *kv.Store[apiWindow]
 	if cfg.APIRateLimit > 0 {
-		ab, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		ab, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
 			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			ab, err = js.KeyValue(ctx, BucketName(cfg.Cloud)+"-api")
-		}
+		}, log)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
 		}
@@ -412,7 +407,19 @@ func (m *createMachine) State() json.RawMessage {
 
 func (m *createMachine) ExternalID() string { return m.st.Instance }
 
+// Advance makes the machine's next step. A call to the simulated cloud
+// that failed on its way (its NATS request timed out, or the cluster had
+// no leader) may or may not have taken effect: drivers.ErrUncertain, as
+// every step is safe to make again.
 func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	step, err := m.advance(ctx)
+	if err != nil && ctx.Err() == nil && natsretry.Transient(err) {
+		err = fmt.Errorf("%w: %w", drivers.ErrUncertain, err)
+	}
+	return step, err
+}
+
+func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	p := m.p
 	if err := p.apiCall(ctx); err != nil {
 		return drivers.Step{}, err
@@ -462,8 +469,15 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		}
 		// The token makes the create idempotent: an instance an earlier try
 		// of this attempt made (which the cache had not seen yet) is found
-		// here, not created twice.
-		if _, err := p.cache.Create(ctx, id, &rec); err != nil && !errors.Is(err, kv.ErrExists) {
+		// here, not created twice; and, as a cloud's idempotency tokens
+		// do, a token used once never makes a second instance, even once
+		// its first was deleted (the next step finds it gone, and the
+		// attempt fails).
+		rev, err := p.store.CreateNew(ctx, id, &rec)
+		switch {
+		case err == nil:
+			p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec, Revision: rev})
+		case !errors.Is(err, kv.ErrExists):
 			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
 		}
 		m.st = machineState{Step: "boot", Instance: id}

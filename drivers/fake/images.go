@@ -44,13 +44,10 @@ type ImageRecord struct {
 }
 
 func (p *Provider) openImages(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	bucket, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ImagesBucketName(p.cfg.Cloud), Description: "images of a simulated cloud",
 		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		bucket, err = js.KeyValue(ctx, ImagesBucketName(p.cfg.Cloud))
-	}
+	}, p.log)
 	if err != nil {
 		return fmt.Errorf("provider %s: opening the images of fake cloud %s: %w", p.cfg.Name, p.cfg.Cloud, err)
 	}

@@ -1,36 +1,63 @@
 package natstest
 
 import (
+	"bufio"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
-// Proxy is a TCP proxy in front of a server that a test can cut, as a
-// network partition would: every connection through it is closed and new
-// ones are refused until it is restored.
+// Proxy stands between NATS clients and a server, so that a test can cut
+// one process off from NATS while the others go on, and see every message
+// that process publishes (the subjects of its PUB and HPUB, as the server
+// receives them).
+//
+// Cut closes the connections and refuses new ones, as a server that died
+// would; Stall stops forwarding without closing anything, as a network
+// partition would (what is sent meanwhile arrives when Restore is called,
+// as TCP delivers it once the path heals).
 type Proxy struct {
+	t      testing.TB
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
+	mu     sync.Mutex
+	cut    bool
+	resume chan struct{} // closed when a stall ends
+	conns  map[net.Conn]bool
+	pubs   []Publish
 }
 
-// StartProxy starts a proxy to a server; it stops when the test ends.
+// Publish is a message a client sent through the proxy.
+type Publish struct {
+	Time    time.Time
+	Subject string
+}
+
+// StartProxy starts a proxy to a test server; it stops when the test ends.
 func StartProxy(t testing.TB, s *Server) *Proxy {
+	t.Helper()
+	return StartProxyTo(t, s.Addr().String())
+}
+
+// StartProxyTo forwards a random local port to a server's client address
+// (host:port, or a nats:// URL); it stops when the test ends.
+func StartProxyTo(t testing.TB, addr string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: s.Addr().String(), conns: map[net.Conn]bool{}}
-	go p.serve()
+	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(addr, "nats://"), conns: map[net.Conn]bool{}}
+	go p.accept()
 	t.Cleanup(func() {
 		_ = ln.Close()
 		p.Cut()
+		p.Restore()
 	})
 	return p
 }
@@ -38,66 +65,145 @@ func StartProxy(t testing.TB, s *Server) *Proxy {
 // URL is the proxy's client URL.
 func (p *Proxy) URL() string { return "nats://" + p.ln.Addr().String() }
 
-func (p *Proxy) serve() {
+func (p *Proxy) accept() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
 		}
 		p.mu.Lock()
-		down := p.down
+		refuse := p.cut
 		p.mu.Unlock()
-		if down {
+		if refuse {
 			_ = c.Close()
 			continue
 		}
-		go p.pipe(c)
-	}
-}
-
-func (p *Proxy) pipe(c net.Conn) {
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	p.mu.Lock()
-	if p.down {
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[s] = true, true
 		p.mu.Unlock()
-		_ = c.Close()
-		_ = up.Close()
-		return
+		pr, pw := io.Pipe()
+		go p.parse(pr)
+		go p.pipe(s, c, pw) // client to server, read by the parser
+		go p.pipe(c, s, nil)
 	}
-	p.conns[c], p.conns[up] = true, true
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, pair := range [][2]net.Conn{{c, up}, {up, c}} {
-		wg.Go(func() {
-			_, _ = io.Copy(pair[0], pair[1])
-			_ = pair[0].Close()
-			_ = pair[1].Close()
-		})
-	}
-	wg.Wait()
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, up)
-	p.mu.Unlock()
 }
 
-// Cut closes every connection through the proxy and refuses new ones.
+// pipe copies from src to dst, holding data while stalled; tap gets what
+// was forwarded.
+func (p *Proxy) pipe(dst, src net.Conn, tap *io.PipeWriter) {
+	defer func() {
+		_ = dst.Close()
+		_ = src.Close()
+		if tap != nil {
+			_ = tap.Close()
+		}
+		p.mu.Lock()
+		delete(p.conns, dst)
+		delete(p.conns, src)
+		p.mu.Unlock()
+	}()
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			resume := p.resume
+			p.mu.Unlock()
+			if resume != nil {
+				<-resume
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+			if tap != nil {
+				if _, werr := tap.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// parse reads the client protocol and records each PUB and HPUB.
+func (p *Proxy) parse(r io.Reader) {
+	br := bufio.NewReaderSize(r, 64*1024)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			_, _ = io.Copy(io.Discard, br)
+			return
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		var size int
+		switch strings.ToUpper(f[0]) {
+		case "PUB":
+			size, _ = strconv.Atoi(f[len(f)-1])
+		case "HPUB":
+			size, _ = strconv.Atoi(f[len(f)-1])
+		default:
+			continue
+		}
+		p.mu.Lock()
+		p.pubs = append(p.pubs, Publish{Time: time.Now(), Subject: f[1]})
+		p.mu.Unlock()
+		if _, err := br.Discard(size + 2); err != nil {
+			_, _ = io.Copy(io.Discard, br)
+			return
+		}
+	}
+}
+
+// Cut closes every connection through the proxy and refuses new ones
+// until Restore.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
+	p.cut = true
+	conns := make([]net.Conn, 0, len(p.conns))
 	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
 		_ = c.Close()
 	}
 }
 
-// Restore lets connections through again.
+// Stall stops forwarding in both directions until Restore, keeping the
+// connections open.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resume == nil {
+		p.resume = make(chan struct{})
+	}
+}
+
+// Restore ends a Cut or a Stall.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.down = false
+	p.cut = false
+	if p.resume != nil {
+		close(p.resume)
+		p.resume = nil
+	}
+}
+
+// Published lists what clients published through the proxy since it
+// started, in the order the server received it.
+func (p *Proxy) Published() []Publish {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Publish(nil), p.pubs...)
 }

@@ -1,0 +1,277 @@
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Account is the account of a test server without accounts configured:
+// the one to name when asking a server about a stream.
+const Account = server.DEFAULT_GLOBAL_ACCOUNT
+
+// Cluster is a JetStream cluster of in-process nats-servers on random
+// ports, each storing in a folder of the test's own. A member can be
+// stopped and started again on its store and its ports, as a crashed and
+// restarted server would be.
+type Cluster struct {
+	t    testing.TB
+	name string
+
+	mu      sync.Mutex
+	members []*member
+}
+
+type member struct {
+	opts *server.Options
+	ns   *server.Server // nil while stopped
+}
+
+// StartCluster starts n servers (3 or 5 for a useful quorum) as one
+// cluster and waits until they elected a meta leader and every one is
+// current. The servers stop when the test ends.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, name: fmt.Sprintf("nodepool-test-%d", time.Now().UnixNano()%1e9)}
+	// Every member gets its client and route ports before any starts, so
+	// each can list all the others' routes and keep its ports on restart.
+	ports := freePorts(t, 2*n)
+	var routes []string
+	for i := range n {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[2*i+1]))
+	}
+	for i := range n {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       ports[2*i],
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoSigs:     true,
+			NoLog:      true,
+			Cluster: server.ClusterOpts{
+				Name: c.name,
+				Host: "127.0.0.1",
+				Port: ports[2*i+1],
+			},
+			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
+		}
+		c.members = append(c.members, &member{opts: opts})
+	}
+	// JetStream in a cluster waits for its peers to start: start them all
+	// before waiting on any.
+	for i := range c.members {
+		if err := c.start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, m := range c.members {
+			if m.ns != nil {
+				m.ns.Shutdown()
+				m.ns.WaitForShutdown()
+				m.ns = nil
+			}
+		}
+	})
+	c.WaitHealthy(60 * time.Second)
+	return c
+}
+
+func (c *Cluster) start(i int) error {
+	m := c.members[i]
+	ns, err := server.NewServer(m.opts.Clone())
+	if err != nil {
+		return fmt.Errorf("starting nats-server %s: %w", m.opts.ServerName, err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return fmt.Errorf("nats-server %s did not start", m.opts.ServerName)
+	}
+	c.mu.Lock()
+	m.ns = ns
+	c.mu.Unlock()
+	return nil
+}
+
+// freePorts finds n ports nothing listens on, holding them all open at
+// once so they are distinct.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+// Size is the number of members, running or not.
+func (c *Cluster) Size() int { return len(c.members) }
+
+// URL is the client URL of member i (it keeps it across restarts).
+func (c *Cluster) URL(i int) string {
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.members[i].opts.Port)
+}
+
+// URLs lists every member's client URL, comma separated, as
+// NODEPOOL_NATS_URL takes them. The first is member first's, so that
+// processes given different first members connect to different servers.
+func (c *Cluster) URLs(first int) string {
+	var urls []string
+	for i := range c.members {
+		urls = append(urls, c.URL((first+i)%len(c.members)))
+	}
+	return strings.Join(urls, ",")
+}
+
+// Server is member i, or nil while it is stopped.
+func (c *Cluster) Server(i int) *server.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.members[i].ns
+}
+
+// Name is member i's server name.
+func (c *Cluster) Name(i int) string { return c.members[i].opts.ServerName }
+
+// Stop shuts member i down (as a crash would, its store stays). It may be
+// called from any goroutine; stopping a stopped member does nothing.
+func (c *Cluster) Stop(i int) {
+	c.mu.Lock()
+	ns := c.members[i].ns
+	c.members[i].ns = nil
+	c.mu.Unlock()
+	if ns != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}
+}
+
+// Restart starts a stopped member again on its store and ports. It may
+// be called from any goroutine.
+func (c *Cluster) Restart(i int) error {
+	if c.Server(i) != nil {
+		return fmt.Errorf("nats-server %s is running", c.Name(i))
+	}
+	return c.start(i)
+}
+
+// Running lists the members that run.
+func (c *Cluster) Running() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, m := range c.members {
+		if m.ns != nil {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Healthy reports whether every running member is current: the meta
+// group has a leader, and every stream and consumer it holds a replica of
+// has caught up (the server's own /healthz). It says why not.
+func (c *Cluster) Healthy() (bool, string) {
+	for _, i := range c.Running() {
+		ns := c.Server(i)
+		if ns == nil {
+			continue
+		}
+		if st := ns.Healthz(nil); st.Status != "ok" {
+			return false, fmt.Sprintf("%s: %s %s", c.Name(i), st.Status, st.Error)
+		}
+	}
+	return true, ""
+}
+
+// WaitHealthy waits until Healthy, failing the test after timeout.
+func (c *Cluster) WaitHealthy(timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, why := c.Healthy()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("cluster not healthy within %s: %s", timeout, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// StreamLeader returns the member leading a stream (a KV bucket's stream
+// is KV_<bucket>), or -1 when no running member leads it.
+func (c *Cluster) StreamLeader(stream string) int {
+	for _, i := range c.Running() {
+		if ns := c.Server(i); ns != nil && ns.JetStreamIsStreamLeader(Account, stream) {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitStreamLeader waits until a running member leads stream and returns
+// it.
+func (c *Cluster) WaitStreamLeader(stream string, timeout time.Duration) int {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if i := c.StreamLeader(stream); i >= 0 {
+			return i
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("no leader for stream %s within %s", stream, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// MetaLeader returns the member leading the meta group, or -1.
+func (c *Cluster) MetaLeader() int {
+	for _, i := range c.Running() {
+		if ns := c.Server(i); ns != nil && ns.JetStreamIsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// Connect opens a connection to every member (member first first),
+// reconnecting for ever, closed when the test ends.
+func (c *Cluster) Connect(t testing.TB, first int) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(c.URLs(first), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.DontRandomize())
+	if err != nil {
+		t.Fatalf("connecting to the cluster: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}

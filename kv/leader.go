@@ -1,0 +1,121 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
+)
+
+// A KV Get is a JetStream direct get, which any replica of a replicated
+// bucket may answer, and a replica that is catching up (a server just
+// restarted) answers with an older revision of a record, or none. A
+// revision-checked update made from it only fails, but a decision taken on
+// the old record is wrong: a requestor told that its request is fulfilled
+// reads its node as still building and gives up on it; a launcher reads a
+// used node as still in use and drops the change that asked for its
+// deletion. The stream's leader answers only with what it committed, so
+// Get is sent to it when the bucket has more than one replica.
+
+// leaderKV is a bucket whose Get reads from its stream's leader.
+type leaderKV struct {
+	jetstream.KeyValue
+	nc      *nats.Conn
+	subject string // the stream's message get API
+	prefix  string // $KV.<bucket>.
+}
+
+// ReadFromLeader returns the bucket itself when it has one replica, and
+// otherwise the bucket with its Get sent to the leader of its stream.
+func ReadFromLeader(ctx context.Context, js jetstream.JetStream, b jetstream.KeyValue) (jetstream.KeyValue, error) {
+	st, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.KeyValueStatus, error) { return b.Status(ctx) })
+	if err != nil {
+		return nil, fmt.Errorf("reading the status of bucket %s: %w", b.Bucket(), err)
+	}
+	bst, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bst.StreamInfo().Config.Replicas <= 1 {
+		return b, nil
+	}
+	return &leaderKV{KeyValue: b, nc: js.Conn(),
+		subject: "$JS.API.STREAM.MSG.GET." + bst.StreamInfo().Config.Name,
+		prefix:  "$KV." + b.Bucket() + "."}, nil
+}
+
+// Get reads the newest value of a key from the stream leader.
+func (l *leaderKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	req, err := json.Marshal(map[string]string{"last_by_subj": l.prefix + key})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := l.nc.RequestWithContext(ctx, l.subject, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Message *struct {
+			Seq    uint64    `json:"seq"`
+			Header []byte    `json:"hdrs"`
+			Data   []byte    `json:"data"`
+			Time   time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("reading %s/%s from the stream leader: %w", l.Bucket(), key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrKeyNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, fmt.Errorf("reading %s/%s from the stream leader: an answer without a message", l.Bucket(), key)
+	}
+	e := &leaderEntry{bucket: l.Bucket(), key: key, value: resp.Message.Data, revision: resp.Message.Seq,
+		created: resp.Message.Time, op: jetstream.KeyValuePut}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s/%s from the stream leader: %w", l.Bucket(), key, err)
+		}
+		switch {
+		case h.Get("KV-Operation") == "DEL":
+			e.op = jetstream.KeyValueDelete
+		case h.Get("KV-Operation") == "PURGE":
+			e.op = jetstream.KeyValuePurge
+		case h.Get(jetstream.MarkerReasonHeader) != "":
+			e.op = jetstream.KeyValuePurge
+		}
+	}
+	if e.op != jetstream.KeyValuePut {
+		return nil, jetstream.ErrKeyNotFound // as the bucket's own Get says
+	}
+	return e, nil
+}
+
+// leaderEntry is a record read from the stream leader.
+type leaderEntry struct {
+	bucket, key string
+	value       []byte
+	revision    uint64
+	created     time.Time
+	op          jetstream.KeyValueOp
+}
+
+func (e *leaderEntry) Bucket() string                  { return e.bucket }
+func (e *leaderEntry) Key() string                     { return e.key }
+func (e *leaderEntry) Value() []byte                   { return e.value }
+func (e *leaderEntry) Revision() uint64                { return e.revision }
+func (e *leaderEntry) Created() time.Time              { return e.created }
+func (e *leaderEntry) Delta() uint64                   { return 0 }
+func (e *leaderEntry) Operation() jetstream.KeyValueOp { return e.op }

@@ -1,0 +1,94 @@
+package service_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/builder"
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/service"
+)
+
+// NODEPOOL_REPLICAS=3 on a three-server cluster: every stream, bucket,
+// object store and durable consumer nodepool makes, the fake cloud's
+// included, has three replicas on three different servers.
+func TestReplicasThreeEverywhere(t *testing.T) {
+	t.Parallel()
+	c := natstest.StartCluster(t, 3)
+	cfg, err := config.Parse("test.yaml", []byte(`
+labels: [{name: small}]
+providers:
+  - name: p
+    driver: fake
+    api-rate-limit: 1000
+    pools: [{name: main, labels: [small]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := config.Settings{NatsURL: c.URLs(1), ID: "l1", Roles: []string{config.RoleLauncher, config.RoleBuilder},
+		Replicas: 3, LeaseTTL: 2 * time.Second, SyncInterval: time.Second, DataDir: t.TempDir(), UploadWorkers: 1}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, err := service.Start(t.Context(), settings, cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	_, js := c.Connect(t, 0)
+	// The builder makes its object store when it starts running.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := js.Stream(t.Context(), "OBJ_"+builder.FilesBucket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the builder made no object store")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	want := map[string]bool{
+		"NODEPOOL_REQUESTS": true, "NODEPOOL_BUILDS": true,
+		"KV_nodepool-requests": true, "KV_nodepool-nodes": true, "KV_nodepool-images": true,
+		"KV_nodepool-components": true, "KV_nodepool-locks": true,
+		"KV_fakecloud-p": true, "KV_fakecloud-p-api": true, "KV_fakeimages-p": true,
+		"OBJ_" + builder.FilesBucket: true,
+	}
+	streams := js.ListStreams(t.Context())
+	for info := range streams.Info() {
+		name := info.Config.Name
+		delete(want, name)
+		if info.Config.Replicas != 3 {
+			t.Errorf("stream %s has %d replicas, want 3", name, info.Config.Replicas)
+		}
+		if info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("stream %s is not placed on three servers: %+v", name, info.Cluster)
+		}
+		s, err := js.Stream(t.Context(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ci := range s.ListConsumers(t.Context()).Info() {
+			if ci.Config.Durable == "" {
+				continue
+			}
+			if ci.Cluster == nil || len(ci.Cluster.Replicas) != 2 {
+				t.Errorf("consumer %s of %s is not on three servers: %+v", ci.Name, name, ci.Cluster)
+			}
+		}
+	}
+	if err := streams.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name := range want {
+		t.Errorf("stream %s is missing", name)
+	}
+}
