@@ -296,7 +296,7 @@ func (m *createMachine) launch(ctx context.Context) (drivers.Step, error) {
 		return drivers.Step{}, err
 	}
 	m.st.InstanceID, m.st.Step = id, stepWait
-	return drivers.Step{Wait: time.Second}, nil
+	return drivers.Step{}, nil
 }
 
 func (m *createMachine) runInstance(ctx context.Context) (string, error) {
@@ -424,26 +424,26 @@ func (m *createMachine) createFleet(ctx context.Context) (string, error) {
 }
 
 func (m *createMachine) wait(ctx context.Context) (drivers.Step, error) {
-	out, err := m.p.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{m.st.InstanceID}})
+	in, ok, err := m.p.watch.get(ctx, m.st.InstanceID)
 	if err != nil {
-		if code(err) == "InvalidInstanceID.NotFound" && m.notFound < 10 {
+		return drivers.Step{}, fmt.Errorf("describing instance %s: %w", m.st.InstanceID, err)
+	}
+	if !ok {
+		if m.notFound < 10 {
 			// A new instance may take a moment to be known everywhere.
 			m.notFound++
 			return drivers.Step{Wait: time.Second}, nil
 		}
-		return drivers.Step{}, fmt.Errorf("describing instance %s: %w", m.st.InstanceID, classify(err))
+		return drivers.Step{}, fmt.Errorf("instance %s: EC2 does not know it", m.st.InstanceID)
 	}
-	if len(out.Reservations) == 0 || len(out.Reservations[0].Instances) == 0 {
-		return drivers.Step{Wait: time.Second}, nil
-	}
-	in := &out.Reservations[0].Instances[0]
 	state := ec2types.InstanceStateNamePending
 	if in.State != nil {
 		state = in.State.Name
 	}
 	switch state {
 	case ec2types.InstanceStateNamePending:
-		return drivers.Step{Wait: 2 * time.Second}, nil
+		// The watch spaces the polls.
+		return drivers.Step{}, nil
 	case ec2types.InstanceStateNameRunning:
 	default:
 		why := string(state)
@@ -453,7 +453,7 @@ func (m *createMachine) wait(ctx context.Context) (drivers.Step, error) {
 		return drivers.Step{}, fmt.Errorf("instance %s is %s before it ran", m.st.InstanceID, why)
 	}
 	useInternal := m.pool.UseInternalIP
-	inst := m.p.instance(in, &useInternal)
+	inst := m.p.instance(&in, &useInternal)
 	inst.Resources, _ = m.p.resources(string(in.InstanceType), in.InstanceLifecycle == ec2types.InstanceLifecycleTypeSpot)
 	m.applyAccess(&inst)
 	m.inst = &inst

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 
 	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -68,19 +67,15 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			return drivers.Step{}, fmt.Errorf("terminating %s: %w", m.id, classify(err))
 		}
 		m.st.Step = stepGone
-		return drivers.Step{Wait: time.Second}, nil
+		return drivers.Step{}, nil
 	case stepGone:
-		out, err := m.p.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{m.id}})
+		in, ok, err := m.p.watch.get(ctx, m.id)
 		if err != nil {
-			if code(err) == "InvalidInstanceID.NotFound" {
-				return m.released()
-			}
-			return drivers.Step{}, fmt.Errorf("describing %s: %w", m.id, classify(err))
+			return drivers.Step{}, fmt.Errorf("describing %s: %w", m.id, err)
 		}
-		if len(out.Reservations) == 0 || len(out.Reservations[0].Instances) == 0 {
+		if !ok {
 			return m.released()
 		}
-		in := out.Reservations[0].Instances[0]
 		if in.Placement != nil && in.Placement.HostId != nil {
 			m.st.HostID = *in.Placement.HostId
 		}
@@ -88,7 +83,7 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 			if in.State.Name != ec2types.InstanceStateNameShuttingDown {
 				m.st.Step = stepTerminate // stopped, or terminated elsewhere and back: ask again
 			}
-			return drivers.Step{Wait: 2 * time.Second}, nil
+			return drivers.Step{}, nil // the watch spaces the polls
 		}
 		return m.released()
 	case stepRelease:

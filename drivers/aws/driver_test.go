@@ -557,3 +557,61 @@ func FuzzResume(f *testing.F) {
 		}
 	})
 }
+
+// Instances booting together are polled together: one DescribeInstances
+// per poll (per 200 ids, EC2's filter limit), not one per instance.
+func TestBootsPolledTogether(t *testing.T) {
+	t.Parallel()
+	k := fastKnobs()
+	k.PageSize = 1000
+	k.BootTime = devaws.Duration(300 * time.Millisecond)
+	k.Quotas["L-1216C47A"] = 10000
+	cloud, url := startCloud(t, k)
+	p := newProvider(t, url, conf(0, ""))
+	const n = 210
+	before := cloud.Calls()["DescribeInstances"]
+	start := time.Now()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			sm, err := p.Create(request(fmt.Sprintf("w%04d", i), "main", "small", 1), nil)
+			if err == nil {
+				_, err = advance(t.Context(), sm)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	polls := int(time.Since(start)/pollInterval) + 2
+	if got := cloud.Calls()["DescribeInstances"] - before; got > 2*polls {
+		t.Fatalf("%d DescribeInstances calls for %d instances booting together; at most %d (2 per poll) expected", got, n, 2*polls)
+	}
+	// Deleting them polls together too.
+	before, start = cloud.Calls()["DescribeInstances"], time.Now()
+	ids, err := p.ListInstances(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range ids {
+		go func() {
+			sm, err := p.Delete(in.ExternalID, nil)
+			if err == nil {
+				_, err = advance(t.Context(), sm)
+			}
+			errs <- err
+		}()
+	}
+	for range ids {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	polls = int(time.Since(start)/pollInterval) + 2
+	if got := cloud.Calls()["DescribeInstances"] - before; got > 2*polls+1 {
+		t.Fatalf("%d DescribeInstances calls for %d instances deleted together; at most %d expected", got, len(ids), 2*polls+1)
+	}
+}

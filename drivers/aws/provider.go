@@ -71,7 +71,8 @@ type Provider struct {
 	s3  *s3.Client
 	ebs *ebs.Client
 
-	pace *pacer
+	pace  *pacer
+	watch *instanceWatch
 
 	mu        sync.Mutex
 	types     map[string]instanceType
@@ -127,6 +128,7 @@ func New(ctx context.Context, pc *config.Provider, opts Options) (*Provider, err
 	p := &Provider{cfg: pc, opts: opts, log: opts.Log.With("provider", pc.Name),
 		pace:  newPacer(pc.Rate),
 		types: map[string]instanceType{}, amis: map[string]cachedAMI{}, templates: map[string]bool{}}
+	p.watch = &instanceWatch{p: p}
 	loads := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(pc.RegionName),
 		awsconfig.WithRetryer(func() sdkaws.Retryer {

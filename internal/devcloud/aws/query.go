@@ -204,10 +204,14 @@ type filter struct {
 	values []string
 }
 
+// maxFilterValues is EC2's limit of filter values in one call.
+const maxFilterValues = 200
+
 // filters reads Filter.N (or another name), refusing names the resource
 // does not know.
 func (f form) filters(name string, known func(string) bool) ([]filter, *apiError) {
 	var out []filter
+	values := 0
 	for _, fs := range f.structs(name) {
 		n := fs.get("Name")
 		if n == "" {
@@ -217,6 +221,10 @@ func (f form) filters(name string, known func(string) bool) ([]filter, *apiError
 			return nil, badParam("The filter '%s' is invalid", n)
 		}
 		out = append(out, filter{name: n, values: fs.list("Value")})
+		values += len(out[len(out)-1].values)
+	}
+	if values > maxFilterValues {
+		return nil, errf(http.StatusBadRequest, "FilterLimitExceeded", "The maximum number of filter values specified on a single call is %d", maxFilterValues)
 	}
 	return out, nil
 }
