@@ -3,6 +3,8 @@ package drivers
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
+	"time"
 )
 
 // Limiter paces calls: Wait returns when the next call may go.
@@ -144,4 +146,24 @@ func As[T any](p Provider) (T, bool) {
 // several optional interfaces).
 type decorator interface {
 	decorate(x any, fits func(any) bool) any
+}
+
+type pacedWaitKey struct{}
+
+// WithPacedWaitMeter returns a context under which the time a driver's
+// calls spend waiting for their turn at the provider's rate (reported
+// with MeterPacedWait) adds up, and a func that reads the total. A poll
+// that spaces itself by how long it took uses it to leave out the rate's
+// own spacing.
+func WithPacedWaitMeter(ctx context.Context) (context.Context, func() time.Duration) {
+	var total atomic.Int64
+	return context.WithValue(ctx, pacedWaitKey{}, &total), func() time.Duration { return time.Duration(total.Load()) }
+}
+
+// MeterPacedWait adds the time since start to the context's meter, if it
+// has one: defer MeterPacedWait(ctx, time.Now()) around a limiter's Wait.
+func MeterPacedWait(ctx context.Context, start time.Time) {
+	if m, ok := ctx.Value(pacedWaitKey{}).(*atomic.Int64); ok {
+		m.Add(int64(time.Since(start)))
+	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 )
@@ -57,4 +60,23 @@ func TestImageCallsArePaced(t *testing.T) {
 	if _, ok := drivers.As[drivers.ImageProvider](drivers.RateLimited(&plainCloud{}, lim)); ok {
 		t.Error("a provider without images takes images once paced")
 	}
+}
+
+func TestPacedWaitMeter(t *testing.T) {
+	lim := rate.NewLimiter(rate.Limit(50), 1)
+	ctx, paced := drivers.WithPacedWaitMeter(t.Context())
+	start := time.Now()
+	for range 3 {
+		func() {
+			defer drivers.MeterPacedWait(ctx, time.Now())
+			if err := lim.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}()
+	}
+	// The second and third calls waited for their turn (20 ms each).
+	if got, all := paced(), time.Since(start); got <= 0 || got > all {
+		t.Fatalf("metered %s of waiting in %s", got, all)
+	}
+	drivers.MeterPacedWait(t.Context(), start) // no meter: nothing to add to
 }

@@ -84,6 +84,7 @@ func testFencing(t *testing.T, mode string) {
 	type window struct{ from, to time.Time }
 	var mu sync.Mutex
 	drove := map[string]*window{}
+	readyBy := map[string]string{} // node -> the launcher that made it ready
 	instances := map[string][]string{}
 	sn, si := rec.nodes.Subscribe(), rec.instances.Subscribe()
 	watchCtx, stopWatch := context.WithCancel(t.Context())
@@ -102,6 +103,9 @@ func testFencing(t *testing.T, mode string) {
 			mu.Lock()
 			now := time.Now()
 			for _, ch := range sn.Drain() {
+				if ch.New != nil && ch.New.Value.State == kv.NodeReady && (ch.Old == nil || ch.Old.Value.State != kv.NodeReady) {
+					readyBy[ch.Key] = ch.New.Value.Launcher
+				}
 				w := drove[ch.Key]
 				driving := ch.New != nil && ch.New.Value.Launcher == "launcher-2" && ch.New.Value.State == kv.NodeBuilding
 				switch {
@@ -174,10 +178,22 @@ func testFencing(t *testing.T, mode string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	rec.until(60*time.Second, "every request fulfilled", func() bool { return audit.fulfilledCount() >= n })
+	rec.until(10*time.Second, "every node taken over seen ready", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for nid := range drove {
+			if readyBy[nid] == "" {
+				return false
+			}
+		}
+		return true
+	})
 	mu.Lock()
 	for nid, w := range drove {
-		if e, ok := rec.nodes.Get(nid); ok && e.Value.Launcher != "launcher-2" {
-			t.Errorf("node %s was launched by %s, not by launcher-2 that took it over", nid, e.Value.Launcher)
+		// (Once ready, the node may already be given back and its delete
+		// taken by launcher-1: only who made it ready tells.)
+		if by := readyBy[nid]; by != "launcher-2" {
+			t.Errorf("node %s was made ready by %q, not by launcher-2 that took it over", nid, by)
 		}
 		if w.to.IsZero() {
 			t.Errorf("launcher-2 still drives node %s", nid)

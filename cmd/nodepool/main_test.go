@@ -240,17 +240,18 @@ func (r *records) until(timeout time.Duration, what string, cond func() bool) {
 	defer r.nodes.Unsubscribe(sn)
 	defer r.requests.Unsubscribe(sr)
 	var instC <-chan struct{}
-	var tickC <-chan time.Time
 	var si *kv.Subscription[fake.InstanceRecord]
 	if r.instances != nil {
 		si = r.instances.Subscribe()
 		defer r.instances.Unsubscribe(si)
 		instC = si.C()
-	} else {
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		tickC = tick.C
 	}
+	// Conditions may also read what the test's own watchers gathered
+	// from the records, which can lag the records: look again now and
+	// then too.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	tickC := tick.C
 	deadline := time.After(timeout)
 	for {
 		sn.Drain()

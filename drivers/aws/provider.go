@@ -225,6 +225,7 @@ func (p *pacer) wait(ctx context.Context) error {
 	if lim == nil {
 		return nil
 	}
+	defer drivers.MeterPacedWait(ctx, time.Now())
 	return lim.Wait(ctx)
 }
 

@@ -11,6 +11,8 @@ import (
 	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/nodepool-nats/nodepool/drivers"
 )
 
 // The instance watch answers every create and delete machine of the
@@ -92,9 +94,11 @@ func (w *instanceWatch) run(b *describeBatch) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	ctx, paced := drivers.WithPacedWaitMeter(ctx)
 	b.got, b.err = w.p.describeInstances(ctx, ids)
 	w.mu.Lock()
-	w.lastTook = time.Since(start)
+	// What the poll cost the cloud: its time less its turns at the rate.
+	w.lastTook = time.Since(start) - paced()
 	w.mu.Unlock()
 	close(b.done)
 }

@@ -58,6 +58,7 @@ func (pc *pacer) callsPerSecond() float64 {
 
 func (pc *pacer) wait(ctx context.Context) error {
 	if b := pc.lim.Load(); b != nil {
+		defer drivers.MeterPacedWait(ctx, time.Now())
 		return b.Wait(ctx)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 
+	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
@@ -122,10 +123,13 @@ func (w *serverWatch) run(r *refresh) {
 	w.mu.Unlock()
 	wait.Sleep(ctx, time.Until(next))
 	start := time.Now()
+	ctx, paced := drivers.WithPacedWaitMeter(ctx)
 	got, date, err := w.list(ctx, full, since)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.lastStart, w.lastTook = start, time.Since(start)
+	// What the listing cost the cloud: its time less its turns at the
+	// rate, which the rate's own spacing already accounts for.
+	w.lastStart, w.lastTook = start, time.Since(start)-paced()
 	w.running = nil
 	r.err = err
 	defer close(r.done)
