@@ -131,8 +131,12 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	key := strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+".")
-	n, err := kv.Decode[kv.Node](key, msg.Data())
-	if err != nil {
+	// The process's watch of the bucket has most often decoded this very
+	// revision already: decode only what it has not.
+	var n kv.Node
+	if cur, ok := lc.l.nodes.Get(key); ok && cur.Revision == meta.Sequence.Stream {
+		n = cur.Value
+	} else if n, err = kv.Decode[kv.Node](key, msg.Data()); err != nil {
 		lc.l.log.Error("node record is not valid; leaving it alone", "node", key, "err", err)
 		lc.ack(msg)
 		return
