@@ -187,7 +187,7 @@ providers:
 				t.Errorf("build %s is still there (%s)", bl.ID, bl.State)
 			}
 		}
-		h.until(10*time.Second, "the deleted builds' files gone", func() bool {
+		h.eventually(10*time.Second, "the deleted builds' files gone", func() bool { // no record says when
 			for _, name := range h.objects() {
 				if strings.HasPrefix(name, "debian/0000000001.") || strings.HasPrefix(name, "debian/0000000002.") {
 					return false

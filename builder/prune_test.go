@@ -47,7 +47,9 @@ providers:
 	if bl.Files["raw"].Deleted || bl.Files["tar"].Deleted {
 		t.Errorf("kept formats marked deleted: %+v", bl.Files)
 	}
-	h.until(10*time.Second, "the qcow2 object gone", func() bool {
+	// (The object goes after the record says so, and no record changes
+	// then: look now and then.)
+	h.eventually(10*time.Second, "the qcow2 object gone", func() bool {
 		return !slices.Contains(h.objects(), builder.ObjectName("debian", bl.ID, "qcow2"))
 	})
 	for _, f := range []string{"raw", "tar"} {

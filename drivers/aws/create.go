@@ -156,7 +156,21 @@ func (m *createMachine) token(what string) string {
 func (m *createMachine) spot() bool { return m.label.UseSpot && !m.st.OnDemand }
 
 // Advance makes at most one call to EC2 (and a host-key scan at the end).
+// Every step is safe to make again (the calls that create carry client
+// tokens made from the node and attempt, a template is made once by
+// name): a call whose answer did not come is drivers.ErrUncertain, so
+// the launcher makes the step again and a RunInstances that did start an
+// instance returns that instance instead of leaving it to the next
+// attempt.
 func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	step, err := m.advance(ctx)
+	if err != nil && ctx.Err() == nil && unanswered(err) {
+		err = fmt.Errorf("%w: %w", drivers.ErrUncertain, err)
+	}
+	return step, err
+}
+
+func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	switch m.st.Step {
 	case stepImage:
 		id, err := m.p.findImage(ctx, m.cloudImage())

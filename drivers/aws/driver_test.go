@@ -4,11 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -613,5 +620,85 @@ func TestBootsPolledTogether(t *testing.T) {
 	polls = int(time.Since(start)/pollInterval) + 2
 	if got := cloud.Calls()["DescribeInstances"] - before; got > 2*polls+1 {
 		t.Fatalf("%d DescribeInstances calls for %d instances deleted together; at most %d expected", got, len(ids), 2*polls+1)
+	}
+}
+
+// dropAnswer is a proxy in front of the cloud that forwards a call and
+// then closes the connection without its answer, once per action named.
+func dropAnswer(t *testing.T, cloudURL string, actions ...string) string {
+	target, err := url.Parse(cloudURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	pending := map[string]bool{}
+	for _, a := range actions {
+		pending[a] = true
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		mu.Lock()
+		drop := ""
+		for a, p := range pending {
+			if p && strings.Contains(string(body), "Action="+a+"&") {
+				drop, pending[a] = a, false
+			}
+		}
+		mu.Unlock()
+		if drop == "" {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		proxy.ServeHTTP(httptest.NewRecorder(), r) // the cloud does it
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close() // and the answer is lost
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A RunInstances whose answer is lost may have started the instance: the
+// step is uncertain, and made again it finds that instance by its client
+// token instead of starting a second one.
+func TestLostAnswerIsUncertain(t *testing.T) {
+	t.Parallel()
+	cloud, cloudURL := startCloud(t, fastKnobs())
+	p, err := New(t.Context(), mustConfig(t, conf(0, "")), testOptions(dropAnswer(t, cloudURL, "RunInstances")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm, _ := p.Create(request("node9", "main", "small", 1), nil)
+	var lost error
+	for lost == nil {
+		step, err := sm.Advance(t.Context())
+		if step.Done {
+			t.Fatal("launched without losing an answer")
+		}
+		lost = err
+	}
+	if !errors.Is(lost, drivers.ErrUncertain) {
+		t.Fatalf("a lost answer: %v; want drivers.ErrUncertain", lost)
+	}
+	if cloud.Calls()["RunInstances"] != 1 {
+		t.Fatalf("RunInstances calls: %d", cloud.Calls()["RunInstances"])
+	}
+	inst := mustAdvance(t, sm)
+	all, err := p.ListInstances(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 || all[0].ExternalID != inst.ExternalID {
+		t.Fatalf("instances after the step was made again: %v, launched %s", all, inst.ExternalID)
+	}
+	// An answer that came, even an error, is not uncertain.
+	cloud.SetKnobs(func(k *devaws.Knobs) { k.RateLimit = 0.001 })
+	_, _ = p.ListInstances(t.Context())
+	again, _ := p.Create(request("node10", "main", "small", 1), nil)
+	if _, err := advance(t.Context(), again); err == nil || errors.Is(err, drivers.ErrUncertain) {
+		t.Fatalf("a throttled call: %v; want an error that is not uncertain", err)
 	}
 }

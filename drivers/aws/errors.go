@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 )
@@ -61,4 +62,17 @@ func code(err error) string {
 		return ae.ErrorCode()
 	}
 	return ""
+}
+
+// unanswered reports whether a call failed without an answer from AWS:
+// it was not sent in full, or its answer did not arrive or could not be
+// read. Such a call may have taken effect.
+func unanswered(err error) bool {
+	var ae smithy.APIError
+	if asAPIError(err, &ae) {
+		return false
+	}
+	var send *smithyhttp.RequestSendError
+	var deser *smithy.DeserializationError
+	return errors.As(err, &send) || errors.As(err, &deser)
 }

@@ -82,7 +82,27 @@ func (m *createMachine) State() json.RawMessage {
 
 func (m *createMachine) ExternalID() string { return m.st.Server }
 
+// Advance makes the machine's next step. A step that fails while a
+// server, volume or floating IP of it may exist (its create call got no
+// answer, or a 5xx one) is drivers.ErrUncertain: made again, it looks for
+// what the call may have made before making another, so the launcher
+// makes it again instead of starting an attempt that would leave that
+// resource behind.
 func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
+	step, err := m.advance(ctx)
+	if err != nil && ctx.Err() == nil && m.mayExist && !refused(err) {
+		err = fmt.Errorf("%w: %w", drivers.ErrUncertain, err)
+	}
+	return step, err
+}
+
+// refused: the cloud answered that it did not do what it was asked (4xx).
+func refused(err error) bool {
+	var ce *cloudError
+	return errors.As(err, &ce) && ce.status >= 400 && ce.status < 500
+}
+
+func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	p := m.p
 	cl, err := p.client(ctx)
 	if err != nil {

@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,5 +393,59 @@ func TestPortsOfServer(t *testing.T) {
 	pl, _ := ports.ExtractPorts(pages)
 	if len(pl) != 1 || pl[0].DeviceOwner != "compute:nova" && !strings.HasPrefix(pl[0].DeviceOwner, "compute:") {
 		t.Errorf("ports: %+v", pl)
+	}
+}
+
+// loseAnswer forwards a request and loses its answer, once, for the
+// first request that matches.
+type loseAnswer struct {
+	base  http.RoundTripper
+	match func(*http.Request) bool
+	done  atomic.Bool
+}
+
+func (l *loseAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := l.base.RoundTrip(r)
+	if err == nil && l.match(r) && l.done.CompareAndSwap(false, true) {
+		resp.Body.Close()
+		return nil, errors.New("connection reset by peer")
+	}
+	return resp, err
+}
+
+// A server create whose answer is lost may have made the server: the
+// step is uncertain, and made again it finds that server (by the node's
+// metadata) instead of making a second one.
+func TestLostCreateAnswerIsUncertain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, launchConfig(22), devos.Options{})
+	p := e.provider()
+	p.transport.base = &loseAnswer{base: p.transport.base, match: func(r *http.Request) bool {
+		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/servers")
+	}}
+	sm, err := p.Create(request("0000000011", "noscan", 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost error
+	for lost == nil {
+		step, err := sm.Advance(t.Context())
+		if step.Done {
+			t.Fatal("launched without losing an answer")
+		}
+		lost = err
+	}
+	if !errors.Is(lost, drivers.ErrUncertain) {
+		t.Fatalf("a lost answer: %v; want drivers.ErrUncertain", lost)
+	}
+	if n := len(e.cloud.Servers()); n != 1 {
+		t.Fatalf("%d servers after the lost answer", n)
+	}
+	step, err := advance(t, sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := e.cloud.Servers(); len(all) != 1 || step.Instance.ExternalID != all[0].ID {
+		t.Fatalf("servers after the step was made again: %+v; launched %s", all, step.Instance.ExternalID)
 	}
 }
