@@ -78,7 +78,11 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u provi
 	id := e.Key
 	n := e.Value
 	drv := u.drv
-	if n.ExternalID != "" {
+	deleteIt, ok := lc.ownsInstance(ctx, drv, id, &n)
+	if !ok {
+		return
+	}
+	if deleteIt {
 		sm, err := drv.Delete(n.ExternalID, n.DriverData)
 		if err != nil {
 			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
@@ -144,4 +148,47 @@ func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u provi
 			return
 		}
 	}
+}
+
+// ownsInstance tells whether the instance the node record names is to be
+// deleted with the node. The record is written by requestors too, so its
+// external_id is not trusted to name an instance of the node's: a driver
+// that can tell (drivers.Owner) is asked whether the instance was made for
+// this node, and one made for another node, or not by this provider, is
+// left alone (the record goes; an instance the node did have is then a
+// leak, and the leak sweep deletes it). An instance the driver does not
+// find goes to the delete machine, which knows gone from not yet listed.
+// ok is false if ctx ended or this process may no longer drive
+// the node.
+func (lc *lifecycle) ownsInstance(ctx context.Context, drv drivers.Provider, id string, n *kv.Node) (deleteIt, ok bool) {
+	if n.ExternalID == "" {
+		return false, true
+	}
+	o, can := drivers.As[drivers.Owner](drv)
+	if !can {
+		return true, true
+	}
+	for failures := 0; ctx.Err() == nil; failures++ {
+		if !lc.mayDrive(id, kv.NodeDeleting) {
+			return false, false
+		}
+		owned, err := o.Owns(ctx, n.ExternalID, id)
+		switch {
+		case errors.Is(err, drivers.ErrNotFound):
+			// Gone, or too new to be listed yet (a cloud's listings may
+			// lag its creates): the delete machine tells.
+			return true, true
+		case err == nil && !owned:
+			lc.l.log.Error("the node's external_id names an instance that was not made for this node; deleting the record and leaving that instance alone",
+				"node", id, "provider", n.Provider, "external_id", n.ExternalID)
+			return false, true
+		case err == nil:
+			return true, true
+		}
+		lc.l.log.Warn("could not tell whether the node's instance is its own; asking again", "node", id, "external_id", n.ExternalID, "err", err)
+		if !wait.Sleep(ctx, wait.Backoff(failures)) {
+			break
+		}
+	}
+	return false, false
 }

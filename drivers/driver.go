@@ -246,3 +246,20 @@ type Registrar interface {
 type Manager interface {
 	Manage(ctx context.Context, interval time.Duration)
 }
+
+// Owner is implemented by drivers that can tell whether an instance is
+// the one they made for a node, by the tags every create puts on it
+// (TagNode and TagProvider). A node record is written by requestors too,
+// so before it deletes the instance a node's external_id names, the
+// launcher asks: an instance made for another node, or for no node of
+// this provider, is left alone. Owns returns an error that is ErrNotFound
+// when the instance does not exist.
+type Owner interface {
+	Owns(ctx context.Context, externalID, nodeID string) (bool, error)
+}
+
+// OwnedBy reports whether an instance's tags say it was made for the
+// node by the provider.
+func OwnedBy(tags map[string]string, provider, nodeID string) bool {
+	return tags[TagNode] == nodeID && tags[TagProvider] == provider
+}

@@ -702,3 +702,26 @@ func TestLostAnswerIsUncertain(t *testing.T) {
 		t.Fatalf("a throttled call: %v; want an error that is not uncertain", err)
 	}
 }
+
+// Owns tells the instance of a node from others by its tags.
+func TestOwns(t *testing.T) {
+	t.Parallel()
+	_, url := startCloud(t, fastKnobs())
+	p := newProvider(t, url, conf(0, ""))
+	sm, _ := p.Create(request("node11", "main", "small", 1), nil)
+	inst := mustAdvance(t, sm)
+	for _, c := range []struct {
+		id, node string
+		owned    bool
+		gone     bool
+	}{
+		{inst.ExternalID, "node11", true, false},
+		{inst.ExternalID, "node12", false, false},
+		{"i-0123456789abcdef0", "node11", false, true},
+	} {
+		owned, err := p.Owns(t.Context(), c.id, c.node)
+		if owned != c.owned || errors.Is(err, drivers.ErrNotFound) != c.gone || (err != nil && !c.gone) {
+			t.Errorf("Owns(%s, %s) = %v, %v; want %v (gone %v)", c.id, c.node, owned, err, c.owned, c.gone)
+		}
+	}
+}

@@ -125,3 +125,18 @@ func (p *Provider) describeInstances(ctx context.Context, ids []string) (map[str
 	}
 	return got, nil
 }
+
+var _ drivers.Owner = (*Provider)(nil)
+
+// Owns reports whether the instance was made for the node by this
+// provider (its tags), as the instance watch sees it.
+func (p *Provider) Owns(ctx context.Context, externalID, nodeID string) (bool, error) {
+	in, ok, err := p.watch.get(ctx, externalID)
+	if err != nil {
+		return false, fmt.Errorf("describing instance %s: %w", externalID, err)
+	}
+	if !ok {
+		return false, fmt.Errorf("instance %s: %w", externalID, drivers.ErrNotFound)
+	}
+	return drivers.OwnedBy(tagMap(in.Tags), p.cfg.Name, nodeID), nil
+}

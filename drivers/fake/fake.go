@@ -554,3 +554,21 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	}
 	return drivers.Step{Done: true}, nil
 }
+
+var _ drivers.Owner = (*Provider)(nil)
+
+// Owns reports whether the instance was made for the node by this
+// provider (its tags).
+func (p *Provider) Owns(ctx context.Context, externalID, nodeID string) (bool, error) {
+	if !ValidInstanceID(externalID) {
+		return false, fmt.Errorf("fake: %w: %q is not an instance id of this cloud", drivers.ErrNotFound, externalID)
+	}
+	e, err := p.store.Get(ctx, externalID)
+	if errors.Is(err, kv.ErrNotFound) {
+		return false, fmt.Errorf("fake: instance %s: %w", externalID, drivers.ErrNotFound)
+	}
+	if err != nil {
+		return false, fmt.Errorf("fake: reading instance %s: %w", externalID, err)
+	}
+	return drivers.OwnedBy(e.Value.Tags, p.cfg.Name, nodeID), nil
+}

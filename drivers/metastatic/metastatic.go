@@ -412,6 +412,16 @@ func instanceOf(bn *kv.Node, nodeID, name string, tags map[string]string) driver
 	}
 }
 
+var _ drivers.Owner = (*Provider)(nil)
+
+// Owns reports whether the slot named is the node's own: a carved node's
+// slot is allocated under its node id, which is its external id. (A node
+// record naming another node's slot must not free it: that node still
+// runs there.)
+func (p *Provider) Owns(_ context.Context, externalID, nodeID string) (bool, error) {
+	return externalID == nodeID, nil
+}
+
 // Delete returns a machine that frees a carved node's slot.
 func (p *Provider) Delete(externalID string, _ json.RawMessage) (drivers.StateMachine, error) {
 	return &deleteMachine{p: p, id: externalID}, nil

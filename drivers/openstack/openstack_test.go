@@ -449,3 +449,32 @@ func TestLostCreateAnswerIsUncertain(t *testing.T) {
 		t.Fatalf("servers after the step was made again: %+v; launched %s", all, step.Instance.ExternalID)
 	}
 }
+
+// Owns tells the server of a node from others by its metadata.
+func TestOwns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, launchConfig(22), devos.Options{})
+	p := e.provider()
+	sm, err := p.Create(request("0000000012", "noscan", 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step, err := advance(t, sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id, node string
+		owned    bool
+		gone     bool
+	}{
+		{step.Instance.ExternalID, "0000000012", true, false},
+		{step.Instance.ExternalID, "0000000013", false, false},
+		{"00000000-0000-0000-0000-000000000000", "0000000012", false, true},
+	} {
+		owned, err := p.Owns(t.Context(), c.id, c.node)
+		if owned != c.owned || errors.Is(err, drivers.ErrNotFound) != c.gone || (err != nil && !c.gone) {
+			t.Errorf("Owns(%s, %s) = %v, %v; want %v (gone %v)", c.id, c.node, owned, err, c.owned, c.gone)
+		}
+	}
+}

@@ -245,3 +245,18 @@ func (w *serverWatch) list(ctx context.Context, full bool, since time.Time) ([]s
 	}
 	return out, date, nil
 }
+
+var _ drivers.Owner = (*Provider)(nil)
+
+// Owns reports whether the server was made for the node by this provider
+// (its metadata), as a listing started now shows it.
+func (p *Provider) Owns(ctx context.Context, externalID, nodeID string) (bool, error) {
+	s, ok, err := p.watch.get(ctx, externalID, time.Now())
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, fmt.Errorf("server %s: %w", externalID, drivers.ErrNotFound)
+	}
+	return drivers.OwnedBy(s.Metadata, p.cfg.Name, nodeID), nil
+}
