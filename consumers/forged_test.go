@@ -15,22 +15,9 @@ import (
 // the leak sweep (not waited for here).
 func TestForgedExternalIDDeletesNothingElse(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
-labels:
-  - name: small
-    min-ready: 2
-providers:
-  - name: cloud1
-    driver: fake
-    boot-delay: 0.05
-    pools:
-      - name: main
-        labels: [small]
-`)
+	h := newHarness(t, twoReadyConfig)
 	h.startLauncher("l1")
-	h.until(10*time.Second, "two ready nodes", func() bool {
-		return h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeReady }) == 2
-	})
+	h.untilReady(2)
 	var nodes []kv.Node
 	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool { nodes = append(nodes, e.Value); return true })
 	forger, victim := nodes[0], nodes[1]

@@ -80,9 +80,8 @@ func TestRequestLifecycle(t *testing.T) {
 	})
 }
 
-func TestReuseReadyNodes(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, `
+// twoReadyConfig keeps two "small" nodes of a fake cloud ready.
+const twoReadyConfig = `
 labels:
   - name: small
     min-ready: 2
@@ -93,11 +92,21 @@ providers:
     pools:
       - name: main
         labels: [small]
-`)
-	h.startLauncher("l1")
-	h.until(10*time.Second, "two ready nodes", func() bool {
-		return h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeReady && n.AllocatedTo == "" }) == 2
+`
+
+// untilReady waits until n nodes are ready and allocated to nobody.
+func (h *harness) untilReady(n int) {
+	h.t.Helper()
+	h.until(10*time.Second, fmt.Sprintf("%d ready nodes", n), func() bool {
+		return h.countNodes(func(x *kv.Node) bool { return x.State == kv.NodeReady && x.AllocatedTo == "" }) == n
 	})
+}
+
+func TestReuseReadyNodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, twoReadyConfig)
+	h.startLauncher("l1")
+	h.untilReady(2)
 	var ready []string
 	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool { ready = append(ready, e.Key); return true })
 	before := h.instancesEverCreated("cloud1")
