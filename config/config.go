@@ -5,6 +5,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
 	"strconv"
@@ -380,6 +381,21 @@ func (p *Provider) Pool(name string) (*Pool, bool) {
 		}
 	}
 	return nil, false
+}
+
+// PoolLabel returns a pool of the provider and the pool's entry for a
+// label, or an error that names what the provider does not have.
+func (p *Provider) PoolLabel(pool, label string) (*Pool, *PoolLabel, error) {
+	pc, ok := p.Pool(pool)
+	if !ok {
+		return nil, nil, fmt.Errorf("provider %s has no pool %q", p.Name, pool)
+	}
+	for i := range pc.Labels {
+		if pc.Labels[i].Name == label {
+			return pc, &pc.Labels[i], nil
+		}
+	}
+	return nil, nil, fmt.Errorf("pool %s/%s has no label %q", p.Name, pool, label)
 }
 
 // Label returns the pool's entry for a label.

@@ -69,7 +69,7 @@ type createMachine struct {
 // Create returns the machine that launches a node's instance; state is a
 // machine's earlier progress.
 func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
-	pool, pl, err := p.label(req.Pool, req.Label)
+	pool, pl, err := p.cfg.PoolLabel(req.Pool, req.Label)
 	if err != nil {
 		return nil, err
 	}
@@ -254,9 +254,9 @@ func (m *createMachine) allocateHost(ctx context.Context) (drivers.Step, error) 
 	return drivers.Step{}, nil
 }
 
-// blockDevices is the label's root volume settings, if it has any.
-func (m *createMachine) rootDevice() *ec2types.EbsBlockDevice {
-	l := m.label
+// rootDevice is the label's root volume settings (nil: it sets none), for
+// RunInstances and, converted, for a fleet's launch template.
+func rootDevice(l *config.PoolLabel) *ec2types.EbsBlockDevice {
 	if l.RootVolumeType == "" && l.RootVolumeSize == 0 && l.RootIops == 0 && l.RootThroughput == 0 {
 		return nil
 	}
@@ -340,7 +340,7 @@ func (m *createMachine) runInstance(ctx context.Context) (string, error) {
 	if l.EC2UserData != "" {
 		in.UserData = sdkaws.String(base64.StdEncoding.EncodeToString([]byte(l.EC2UserData)))
 	}
-	if root := m.rootDevice(); root != nil {
+	if root := rootDevice(m.label); root != nil {
 		dev, err := m.p.rootDeviceName(ctx, m.imageID())
 		if err != nil {
 			return "", err

@@ -94,20 +94,9 @@ func (p *Provider) ensureTemplate(ctx context.Context, pool *config.Pool, l *con
 	if l.EC2UserData != "" {
 		data.UserData = sdkaws.String(base64.StdEncoding.EncodeToString([]byte(l.EC2UserData)))
 	}
-	if l.RootVolumeType != "" || l.RootVolumeSize > 0 || l.RootIops > 0 || l.RootThroughput > 0 {
-		e := &ec2types.LaunchTemplateEbsBlockDeviceRequest{DeleteOnTermination: sdkaws.Bool(true)}
-		if l.RootVolumeType != "" {
-			e.VolumeType = ec2types.VolumeType(l.RootVolumeType)
-		}
-		if l.RootVolumeSize > 0 {
-			e.VolumeSize = sdkaws.Int32(int32(l.RootVolumeSize))
-		}
-		if l.RootIops > 0 {
-			e.Iops = sdkaws.Int32(int32(l.RootIops))
-		}
-		if l.RootThroughput > 0 {
-			e.Throughput = sdkaws.Int32(int32(l.RootThroughput))
-		}
+	if root := rootDevice(l); root != nil {
+		e := &ec2types.LaunchTemplateEbsBlockDeviceRequest{DeleteOnTermination: root.DeleteOnTermination,
+			VolumeType: root.VolumeType, VolumeSize: root.VolumeSize, Iops: root.Iops, Throughput: root.Throughput}
 		// Fleet images are diskimage uploads or cloud images: nodepool's
 		// uploads and most public AMIs boot from /dev/xvda or /dev/sda1;
 		// the template names the first, as Nodepool does.

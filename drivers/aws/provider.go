@@ -241,20 +241,6 @@ func (p *pacer) addTo(stack *middleware.Stack) error {
 		}), middleware.After)
 }
 
-// pool and label look up a label's configuration.
-func (p *Provider) label(pool, label string) (*config.Pool, *config.PoolLabel, error) {
-	pc, ok := p.cfg.Pool(pool)
-	if !ok {
-		return nil, nil, fmt.Errorf("provider %s has no pool %q", p.cfg.Name, pool)
-	}
-	for i := range pc.Labels {
-		if pc.Labels[i].Name == label {
-			return pc, &pc.Labels[i], nil
-		}
-	}
-	return nil, nil, fmt.Errorf("pool %s/%s has no label %q", p.cfg.Name, pool, label)
-}
-
 // labelTypes lists the instance types the provider's labels may launch.
 func (p *Provider) labelTypes() []string {
 	seen := map[string]bool{}

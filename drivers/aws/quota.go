@@ -89,7 +89,7 @@ func (p *Provider) resources(typ string, spot bool) (drivers.Resources, bool) {
 // demand). A fleet label costs the most of any of its types, in each
 // resource.
 func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) {
-	_, pl, err := p.label(pool, label)
+	_, pl, err := p.cfg.PoolLabel(pool, label)
 	if err != nil {
 		return drivers.Resources{}, err
 	}

@@ -234,15 +234,11 @@ func (p *Provider) QuotaLimits(ctx context.Context) (drivers.Resources, error) {
 
 // poolLabel finds a label's entry in a pool.
 func (p *Provider) poolLabel(pool, label string) (config.PoolLabel, error) {
-	pc, ok := p.cfg.Pool(pool)
-	if !ok {
-		return config.PoolLabel{}, fmt.Errorf("provider %s has no pool %q", p.cfg.Name, pool)
+	_, pl, err := p.cfg.PoolLabel(pool, label)
+	if err != nil {
+		return config.PoolLabel{}, err
 	}
-	pl, ok := pc.Label(label)
-	if !ok {
-		return config.PoolLabel{}, fmt.Errorf("pool %s/%s has no label %q", p.cfg.Name, pool, label)
-	}
-	return pl, nil
+	return *pl, nil
 }
 
 // QuotaForLabel is the size of the label's flavor, and one instance.

@@ -62,7 +62,7 @@ type createMachine struct {
 // Create returns a machine that creates the server of one node; state is
 // a stored createState (nil: start afresh).
 func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (drivers.StateMachine, error) {
-	if _, _, err := p.poolLabel(req.Pool, req.Label); err != nil {
+	if _, _, err := p.cfg.PoolLabel(req.Pool, req.Label); err != nil {
 		return nil, err
 	}
 	m := &createMachine{p: p, req: req}
@@ -108,7 +108,7 @@ func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	if err != nil {
 		return drivers.Step{}, err
 	}
-	pool, pl, err := p.poolLabel(m.req.Pool, m.req.Label)
+	pool, pl, err := p.cfg.PoolLabel(m.req.Pool, m.req.Label)
 	if err != nil {
 		return drivers.Step{}, err
 	}

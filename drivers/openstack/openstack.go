@@ -169,20 +169,6 @@ func (p *Provider) client(ctx context.Context) (*clients, error) {
 	return cl, nil
 }
 
-// pool and poolLabel find a pool and a label's entry in it.
-func (p *Provider) poolLabel(pool, label string) (*config.Pool, *config.PoolLabel, error) {
-	pc, ok := p.cfg.Pool(pool)
-	if !ok {
-		return nil, nil, fmt.Errorf("provider %s has no pool %q", p.cfg.Name, pool)
-	}
-	for i := range pc.Labels {
-		if pc.Labels[i].Name == label {
-			return pc, &pc.Labels[i], nil
-		}
-	}
-	return nil, nil, fmt.Errorf("pool %s/%s has no label %q", p.cfg.Name, pool, label)
-}
-
 // loadFlavors reads the cloud's flavors.
 func (p *Provider) loadFlavors(ctx context.Context, cl *clients) ([]flavors.Flavor, error) {
 	err := p.lookups.do(ctx, "flavors", func() error {
@@ -259,7 +245,7 @@ func (p *Provider) flavorFor(ctx context.Context, cl *clients, pl *config.PoolLa
 // RAM, one instance, and its volume when it boots from one. It errs until
 // the flavors are known.
 func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) {
-	_, pl, err := p.poolLabel(pool, label)
+	_, pl, err := p.cfg.PoolLabel(pool, label)
 	if err != nil {
 		return drivers.Resources{}, err
 	}

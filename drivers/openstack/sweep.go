@@ -158,7 +158,7 @@ func (p *Provider) Diagnose(ctx context.Context, req drivers.CreateRequest, exte
 	if v, ok := p.scanErrs.Load(externalID); ok {
 		parts = append(parts, v.(string))
 	}
-	if _, pl, err := p.poolLabel(req.Pool, req.Label); err == nil && pl.ConsoleLog {
+	if _, pl, err := p.cfg.PoolLabel(req.Pool, req.Label); err == nil && pl.ConsoleLog {
 		if log, err := p.consoleLog(ctx, externalID); err != nil {
 			parts = append(parts, "console log of server "+externalID+" unavailable: "+err.Error())
 		} else {
