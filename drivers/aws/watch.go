@@ -95,7 +95,15 @@ func (w *instanceWatch) run(b *describeBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ctx, paced := drivers.WithPacedWaitMeter(ctx)
-	b.got, b.err = w.p.describeInstances(ctx, ids)
+	// A poll is a read: one whose answer was lost on the way (the
+	// connection closed under it) is made again rather than failing
+	// every machine waiting on it.
+	for try := 1; ; try++ {
+		b.got, b.err = w.p.describeInstances(ctx, ids)
+		if b.err == nil || try == 3 || !unanswered(b.err) {
+			break
+		}
+	}
 	w.mu.Lock()
 	// What the poll cost the cloud: its time less its turns at the rate.
 	w.lastTook = time.Since(start) - paced()
