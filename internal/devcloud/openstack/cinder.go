@@ -48,14 +48,10 @@ func (c *Cloud) volumeVersion(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Cloud) withVolume(h func(w http.ResponseWriter, r *http.Request, now time.Time, v *volume)) func(http.ResponseWriter, *http.Request, time.Time) {
-	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
-		v, ok := c.st.volumes[r.PathValue("id")]
-		if !ok {
-			novaError(w, http.StatusNotFound, fmt.Sprintf("Volume %s could not be found.", r.PathValue("id")))
-			return
-		}
-		h(w, r, now, v)
-	}
+	return withID(func(id string) (*volume, bool) { v, ok := c.st.volumes[id]; return v, ok },
+		func(w http.ResponseWriter, id string) {
+			novaError(w, http.StatusNotFound, fmt.Sprintf("Volume %s could not be found.", id))
+		}, h)
 }
 
 func (c *Cloud) volumeJSON(r *http.Request, v *volume, detail bool) map[string]any {

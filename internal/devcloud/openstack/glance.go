@@ -52,14 +52,10 @@ func (c *Cloud) imageVersions(status int) http.HandlerFunc {
 }
 
 func (c *Cloud) withImage(h func(w http.ResponseWriter, r *http.Request, now time.Time, img *image)) func(http.ResponseWriter, *http.Request, time.Time) {
-	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
-		img, ok := c.st.images[r.PathValue("id")]
-		if !ok {
-			glanceError(w, http.StatusNotFound, "No image found with ID "+r.PathValue("id"))
-			return
-		}
-		h(w, r, now, img)
-	}
+	return withID(func(id string) (*image, bool) { img, ok := c.st.images[id]; return img, ok },
+		func(w http.ResponseWriter, id string) {
+			glanceError(w, http.StatusNotFound, "No image found with ID "+id)
+		}, h)
 }
 
 // reservedImageKeys are the image attributes that are not free properties.

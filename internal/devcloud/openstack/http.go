@@ -281,3 +281,19 @@ func nextLink(r *http.Request, prefix, marker string) string {
 	q.Set("marker", marker)
 	return base(r) + prefix + r.URL.Path + "?" + q.Encode()
 }
+
+// withID runs h on the item a request's {id} names: find looks it up (ok
+// false: there is none), notFound answers in the service's own way when
+// there is none.
+func withID[T any](find func(id string) (*T, bool), notFound func(w http.ResponseWriter, id string),
+	h func(http.ResponseWriter, *http.Request, time.Time, *T)) func(http.ResponseWriter, *http.Request, time.Time) {
+	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
+		id := r.PathValue("id")
+		item, ok := find(id)
+		if !ok {
+			notFound(w, id)
+			return
+		}
+		h(w, r, now, item)
+	}
+}

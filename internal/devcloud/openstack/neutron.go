@@ -195,14 +195,10 @@ func (c *Cloud) listPorts(w http.ResponseWriter, r *http.Request, _ time.Time) {
 }
 
 func (c *Cloud) withPort(h func(w http.ResponseWriter, r *http.Request, now time.Time, p *port)) func(http.ResponseWriter, *http.Request, time.Time) {
-	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
-		p, ok := c.st.ports[r.PathValue("id")]
-		if !ok {
-			neutronError(w, http.StatusNotFound, "PortNotFound", fmt.Sprintf("Port %s could not be found.", r.PathValue("id")))
-			return
-		}
-		h(w, r, now, p)
-	}
+	return withID(func(id string) (*port, bool) { p, ok := c.st.ports[id]; return p, ok },
+		func(w http.ResponseWriter, id string) {
+			neutronError(w, http.StatusNotFound, "PortNotFound", fmt.Sprintf("Port %s could not be found.", id))
+		}, h)
 }
 
 func (c *Cloud) showPort(w http.ResponseWriter, _ *http.Request, _ time.Time, p *port) {
@@ -293,14 +289,10 @@ func (c *Cloud) listFloatingIPs(w http.ResponseWriter, r *http.Request, _ time.T
 }
 
 func (c *Cloud) withFloatingIP(h func(w http.ResponseWriter, r *http.Request, now time.Time, f *floatingIP)) func(http.ResponseWriter, *http.Request, time.Time) {
-	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
-		f, ok := c.st.fips[r.PathValue("id")]
-		if !ok {
-			neutronError(w, http.StatusNotFound, "FloatingIPNotFound", fmt.Sprintf("Floating IP %s could not be found", r.PathValue("id")))
-			return
-		}
-		h(w, r, now, f)
-	}
+	return withID(func(id string) (*floatingIP, bool) { f, ok := c.st.fips[id]; return f, ok },
+		func(w http.ResponseWriter, id string) {
+			neutronError(w, http.StatusNotFound, "FloatingIPNotFound", fmt.Sprintf("Floating IP %s could not be found", id))
+		}, h)
 }
 
 func (c *Cloud) showFloatingIP(w http.ResponseWriter, _ *http.Request, _ time.Time, f *floatingIP) {

@@ -116,14 +116,10 @@ func mv(r *http.Request) microversion {
 
 // withServer finds the server a path names, or answers 404.
 func (c *Cloud) withServer(h func(w http.ResponseWriter, r *http.Request, now time.Time, s *server)) func(http.ResponseWriter, *http.Request, time.Time) {
-	return func(w http.ResponseWriter, r *http.Request, now time.Time) {
-		s, ok := c.st.servers[r.PathValue("id")]
-		if !ok || !s.live() {
-			novaError(w, http.StatusNotFound, fmt.Sprintf("Instance %s could not be found.", r.PathValue("id")))
-			return
-		}
-		h(w, r, now, s)
-	}
+	return withID(func(id string) (*server, bool) { s, ok := c.st.servers[id]; return s, ok && s.live() },
+		func(w http.ResponseWriter, id string) {
+			novaError(w, http.StatusNotFound, fmt.Sprintf("Instance %s could not be found.", id))
+		}, h)
 }
 
 func (c *Cloud) serverLinks(r *http.Request, id string) []any {
