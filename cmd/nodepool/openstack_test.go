@@ -245,8 +245,9 @@ providers:
 	}
 }
 
-// glance is an image service client of the dev cloud.
-func glance(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
+// devLogin logs in to the dev cloud as its clouds.yaml (env's
+// OS_CLIENT_CONFIG_FILE) says, as an openstacksdk user would.
+func devLogin(t *testing.T, env map[string]string) (*gophercloud.ProviderClient, gophercloud.EndpointOpts) {
 	t.Helper()
 	ao, eo, _, err := clouds.Parse(clouds.WithCloudName("dev"), clouds.WithLocations(env["OS_CLIENT_CONFIG_FILE"]))
 	if err != nil {
@@ -256,6 +257,13 @@ func glance(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pc, eo
+}
+
+// glance is an image service client of the dev cloud.
+func glance(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
+	t.Helper()
+	pc, eo := devLogin(t, env)
 	c, err := gcos.NewImageV2(pc, eo)
 	if err != nil {
 		t.Fatal(err)
@@ -364,14 +372,7 @@ providers:
 // novaClient is a compute client of the dev cloud.
 func novaClient(t *testing.T, env map[string]string) *gophercloud.ServiceClient {
 	t.Helper()
-	ao, eo, _, err := clouds.Parse(clouds.WithCloudName("dev"), clouds.WithLocations(env["OS_CLIENT_CONFIG_FILE"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := gcconfig.NewProviderClient(t.Context(), ao)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, eo := devLogin(t, env)
 	c, err := gcos.NewComputeV2(pc, eo)
 	if err != nil {
 		t.Fatal(err)

@@ -21,10 +21,12 @@ import (
 // testEnv is a real server with the streams and buckets, and a metastatic
 // provider on it.
 type testEnv struct {
-	t  *testing.T
-	js jetstream.JetStream
-	b  *kv.Buckets
-	p  *Provider
+	t   *testing.T
+	srv *natstest.Server
+	js  jetstream.JetStream
+	b   *kv.Buckets
+	p   *Provider
+	log *slog.Logger
 }
 
 func newTestEnv(t *testing.T, yaml string) *testEnv {
@@ -53,7 +55,7 @@ func newTestEnv(t *testing.T, yaml string) *testEnv {
 	if err := p.synced(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &testEnv{t: t, js: js, b: b, p: p}
+	return &testEnv{t: t, srv: srv, js: js, b: b, p: p, log: log}
 }
 
 func (e *testEnv) manager() *manager {

@@ -80,21 +80,8 @@ providers:
 // exactly one carved node, and the rest wait.
 func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	t.Parallel()
-	cfg, err := config.Parse("test.yaml", []byte(testConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
-	ctx := t.Context()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if err := events.Ensure(ctx, js, 1, log); err != nil {
-		t.Fatal(err)
-	}
-	b, err := kv.Ensure(ctx, js, kv.Options{}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := newTestEnv(t, testConfig)
+	ctx, b := t.Context(), env.b
 	me := Requestor("meta")
 	now := time.Now().UTC()
 	backing := &kv.Node{ID: "backing1", State: kv.NodeInUse, Holder: me, Labels: []string{"big"}, Provider: "cloud", Pool: "main",
@@ -104,17 +91,16 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	if _, err := b.Nodes.Create(ctx, backing.ID, backing); err != nil {
 		t.Fatal(err)
 	}
-	meta, _ := cfg.Provider("meta")
-	var providers []*Provider
-	for range 2 {
-		_, pjs := srv.Connect(t)
-		p, err := New(ctx, pjs, meta, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		providers = append(providers, p)
+	// The env's provider, and another one on a connection of its own,
+	// both seeing the backing node.
+	waitFor(t, env.p.nodes, func() bool { return env.p.nodes.Has(backing.ID) })
+	_, pjs := env.srv.Connect(t)
+	second, err := New(ctx, pjs, env.p.cfg, env.log)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(second.Close)
+	providers := []*Provider{env.p, second}
 
 	const machines = 20
 	results := make([]drivers.Step, machines)
