@@ -13,7 +13,7 @@ func TestAWSCLI(t *testing.T) {
 	t.Parallel()
 	bin, err := exec.LookPath("aws")
 	if err != nil {
-		t.Skip("the aws CLI is not installed")
+		t.Fatal("the aws CLI is not installed: this test checks the dev cloud with it; install it with `apt-get install -y awscli` (.ci/run does)")
 	}
 	c := New(Options{Knobs: fast()})
 	srv, err := Listen("127.0.0.1:0", c)
