@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -100,31 +101,21 @@ func newHarness(t *testing.T, yaml string) *harness {
 	h.builds, h.uploads = kv.NewCache(h.img.Builds, testLog(t)), kv.NewCache(h.img.Uploads, testLog(t))
 	runCache(t, h.builds)
 	runCache(t, h.uploads)
+	// Every version of every build, from its writes (a cache may skip
+	// versions).
 	h.history = map[string][]kv.ImageBuild{}
-	sub := h.builds.Subscribe()
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-sub.C():
-				h.mu.Lock()
-				for _, ch := range sub.Drain() {
-					if ch.New != nil {
-						h.history[ch.Key] = append(h.history[ch.Key], ch.New.Value)
-					}
-				}
-				h.mu.Unlock()
-			}
+	natstest.Writes(t, nc, kv.BucketImages, "*.*", func(key string, value []byte, deleted bool) {
+		if deleted {
+			return
 		}
-	}()
-	t.Cleanup(func() {
-		close(stop)
-		<-done
-		h.builds.Unsubscribe(sub)
+		b, err := kv.Decode[kv.ImageBuild](key, value)
+		if err != nil {
+			t.Errorf("build record: %v", err)
+			return
+		}
+		h.mu.Lock()
+		h.history[key] = append(h.history[key], b)
+		h.mu.Unlock()
 	})
 	for _, p := range h.cfg.Providers {
 		if h.clouds[p.Cloud] != nil {
@@ -156,12 +147,20 @@ type runningBuilder struct {
 	providers map[string]drivers.Provider
 	cancel    context.CancelFunc
 	done      chan struct{}
+	t         testing.TB
 }
 
-// Stop shuts the builder down cleanly and waits.
+// Stop shuts the builder down cleanly and waits, with a deadline: a builder
+// that does not stop fails the test with every goroutine's stack (what it
+// is stuck on), rather than hanging it until the test binary times out.
 func (r *runningBuilder) Stop() {
 	r.cancel()
-	<-r.done
+	select {
+	case <-r.done:
+	case <-time.After(time.Minute):
+		buf := make([]byte, 1<<22)
+		r.t.Errorf("builder %s did not stop within a minute of being told to; goroutines:\n%s", r.opts.ID, buf[:runtime.Stack(buf, true)])
+	}
 }
 
 // fake returns the builder's fake driver of a provider.
@@ -196,7 +195,7 @@ func (h *harness) startBuilder(id string, cfg *config.Config, change func(*build
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	rb := &runningBuilder{Builder: bl, opts: opts, providers: providers, cancel: cancel, done: make(chan struct{})}
+	rb := &runningBuilder{Builder: bl, opts: opts, providers: providers, cancel: cancel, done: make(chan struct{}), t: h.t}
 	go func() {
 		defer close(rb.done)
 		if err := bl.Run(ctx); err != nil {

@@ -35,6 +35,7 @@ const leaseTTL = 2 * time.Second
 type harness struct {
 	t      testing.TB
 	srv    *natstest.Server
+	nc     *nats.Conn
 	js     jetstream.JetStream
 	b      *kv.Buckets
 	cfg    *config.Config
@@ -90,7 +91,7 @@ func newHarnessOn(t testing.TB, srv *natstest.Server, cfg *config.Config) *harne
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, srv: srv, js: js, b: b, cfg: cfg, client: c,
+	h := &harness{t: t, srv: srv, nc: nc, js: js, b: b, cfg: cfg, client: c,
 		nodes: kv.NewCache(b.Nodes, testLog(t)), requests: kv.NewCache(b.Requests, testLog(t)),
 		components: kv.NewCache(b.Components, testLog(t)),
 		instances:  map[string]*kv.Cache[fake.InstanceRecord]{}}
@@ -202,6 +203,14 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 // node, request or instance changes.
 func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 	h.t.Helper()
+	if !h.wait(timeout, cond) {
+		h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
+	}
+}
+
+// wait waits, with a deadline, until cond holds, re-checking it whenever a
+// node, request or instance changes, and tells whether it did.
+func (h *harness) wait(timeout time.Duration, cond func() bool) bool {
 	subsN := h.nodes.Subscribe()
 	defer h.nodes.Unsubscribe(subsN)
 	subsR := h.requests.Subscribe()
@@ -237,11 +246,11 @@ func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 		subsR.Drain()
 		subsC.Drain()
 		if cond() {
-			return
+			return true
 		}
 		select {
 		case <-deadline.C:
-			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
+			return false
 		case <-subsN.C():
 		case <-subsR.C():
 		case <-subsC.C():
@@ -409,6 +418,25 @@ func (h *harness) instancesEverCreated(cloud string) int {
 // and every node that names an instance has it.
 func (h *harness) checkConsistent(cloud string) {
 	h.t.Helper()
+	// The node and instance caches follow their buckets independently, so
+	// one may briefly lag the other (a node record already gone whose
+	// instance's delete is not seen yet): wait, with a deadline, for them
+	// to agree, and report what still disagrees then. A real leak or
+	// dangling record does not go away.
+	var bad []string
+	h.wait(10*time.Second, func() bool {
+		bad = h.inconsistencies(cloud)
+		return len(bad) == 0
+	})
+	for _, b := range bad {
+		h.t.Error(b)
+	}
+}
+
+// inconsistencies lists the nodes pointing to a missing instance and the
+// instances that no node names.
+func (h *harness) inconsistencies(cloud string) []string {
+	var bad []string
 	byExt := map[string]string{}
 	h.instances[cloud].Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
 		byExt[e.Key] = e.Value.Tags["nodepool_node_id"]
@@ -418,7 +446,7 @@ func (h *harness) checkConsistent(cloud string) {
 		n := e.Value
 		if n.ExternalID != "" && n.State != kv.NodeDeleting {
 			if _, ok := byExt[n.ExternalID]; !ok {
-				h.t.Errorf("node %s (%s) points to instance %s, which does not exist", n.ID, n.State, n.ExternalID)
+				bad = append(bad, fmt.Sprintf("node %s (%s) points to instance %s, which does not exist", n.ID, n.State, n.ExternalID))
 			}
 		}
 		return true
@@ -429,7 +457,9 @@ func (h *harness) checkConsistent(cloud string) {
 		// made, whether or not it recorded the id yet (an idempotent
 		// driver records it when the node is ready).
 		if !ok || (n.ExternalID != ext && n.State != kv.NodeBuilding) {
-			h.t.Errorf("instance %s (node %q) has no node record naming it", ext, nodeID)
+			bad = append(bad, fmt.Sprintf("instance %s (node %q) has no node record naming it", ext, nodeID))
 		}
 	}
+	slices.Sort(bad)
+	return bad
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -230,30 +231,30 @@ func TestMetastaticCarvesBackingNodes(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 // watchReleases records the slot maps of backing nodes given back from now
-// on; the function returned gives them, by backing node.
+// on (from every write to the nodes bucket: a cache may skip versions); the
+// function returned gives them, by backing node.
 func (h *harness) watchReleases() func() map[string]metastatic.BackingData {
-	sub := h.nodes.Subscribe()
-	sub.Drain()
 	var mu sync.Mutex
 	out := map[string]metastatic.BackingData{}
-	collect := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, ch := range sub.Drain() {
-			if ch.New == nil {
-				continue
-			}
-			if d, ok := backingData(&ch.New.Value); ok && d.Released != nil {
-				out[ch.Key] = d
-			}
+	natstest.Writes(h.t, h.nc, kv.BucketNodes, ">", func(key string, value []byte, deleted bool) {
+		if deleted {
+			return
 		}
-	}
-	h.t.Cleanup(func() { h.nodes.Unsubscribe(sub) })
+		n, err := kv.Decode[kv.Node](key, value)
+		if err != nil {
+			h.t.Errorf("node record: %v", err)
+			return
+		}
+		if d, ok := backingData(&n); ok && d.Released != nil {
+			mu.Lock()
+			out[key] = d
+			mu.Unlock()
+		}
+	})
 	return func() map[string]metastatic.BackingData {
-		collect()
 		mu.Lock()
 		defer mu.Unlock()
-		return out
+		return maps.Clone(out)
 	}
 }
 

@@ -250,16 +250,36 @@ func TestResubmissionWithMsgIDIsNoop(t *testing.T) {
 func TestDeletingARequestFreesItsNodes(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, onePool)
-	h.startLauncher("l1")
+	l := h.startLauncher("l1")
 	id := h.submit(events.RequestMessage{Labels: []string{"small", "big"}})
 	h.waitDone(10*time.Second, id)
 	r, _ := h.request(id)
 	if err := h.client.DeleteRequest(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
-	h.until(10*time.Second, "nodes freed", func() bool {
-		return h.countNodes(func(n *kv.Node) bool { return n.State == kv.NodeReady && n.AllocatedTo == "" }) == 2
-	})
+	freed := func(nodes *kv.Cache[kv.Node]) bool {
+		for _, nid := range r.Nodes {
+			if e, ok := nodes.Get(nid); !ok || e.Value.State != kv.NodeReady || e.Value.AllocatedTo != "" {
+				return false
+			}
+		}
+		return true
+	}
+	h.until(10*time.Second, "nodes freed", func() bool { return freed(h.nodes) })
+	// The launcher offers a freed node once it has seen its own write
+	// (a request arriving in between may get a new node, and the freed
+	// one stays ready for the next): wait for that too.
+	sub := l.Nodes().Subscribe()
+	defer l.Nodes().Unsubscribe(sub)
+	deadline := time.After(10 * time.Second)
+	for !freed(l.Nodes()) {
+		select {
+		case <-sub.C():
+			sub.Drain()
+		case <-deadline:
+			t.Fatal("the launcher did not see its nodes freed")
+		}
+	}
 	// The next request for those labels gets the same nodes.
 	id2 := h.submit(events.RequestMessage{Labels: []string{"big", "small"}})
 	h.waitDone(10*time.Second, id2)

@@ -11,6 +11,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -27,15 +28,11 @@ func staticData(n kv.Node) static.NodeData {
 }
 
 // noDeletes fails the test if a node of ids is ever deleted while the test
-// runs (it watches every change the cache sees).
+// runs (it follows every write to the nodes bucket).
 func (h *harness) noDeletes(ids ...string) {
-	sub := h.nodes.Subscribe()
-	h.t.Cleanup(func() {
-		h.nodes.Unsubscribe(sub)
-		for _, ch := range sub.Drain() {
-			if ch.New == nil && slices.Contains(ids, ch.Key) {
-				h.t.Errorf("static node %s was deleted; it should have been registered again", ch.Key)
-			}
+	natstest.Writes(h.t, h.nc, kv.BucketNodes, ">", func(key string, _ []byte, deleted bool) {
+		if deleted && slices.Contains(ids, key) {
+			h.t.Errorf("static node %s was deleted; it should have been registered again", key)
 		}
 	})
 }

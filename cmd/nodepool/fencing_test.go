@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -80,50 +83,61 @@ func testFencing(t *testing.T, mode string) {
 
 	// When launcher-2 drove each node (from when it was first seen owning
 	// it building, to when it was first seen otherwise), and which
-	// instances each node had.
+	// instances each node had. The records' caches may skip revisions (a
+	// node bucket keeps one per key, and a lagging watch resumes at the
+	// newest), so this follows every write as the server stores it,
+	// through a subscription to the buckets' subjects.
 	type window struct{ from, to time.Time }
 	var mu sync.Mutex
 	drove := map[string]*window{}
 	readyBy := map[string]string{} // node -> the launcher that made it ready
 	instances := map[string][]string{}
-	sn, si := rec.nodes.Subscribe(), rec.instances.Subscribe()
-	watchCtx, stopWatch := context.WithCancel(t.Context())
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		defer rec.nodes.Unsubscribe(sn)
-		defer rec.instances.Unsubscribe(si)
-		for {
-			select {
-			case <-watchCtx.Done():
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	natstest.Writes(t, nc, kv.BucketNodes, ">", func(key string, value []byte, deleted bool) {
+		now := time.Now()
+		var n kv.Node
+		if !deleted {
+			if err := json.Unmarshal(value, &n); err != nil {
+				t.Errorf("node %s: %v", key, err)
 				return
-			case <-sn.C():
-			case <-si.C():
 			}
-			mu.Lock()
-			now := time.Now()
-			for _, ch := range sn.Drain() {
-				if ch.New != nil && ch.New.Value.State == kv.NodeReady && (ch.Old == nil || ch.Old.Value.State != kv.NodeReady) {
-					readyBy[ch.Key] = ch.New.Value.Launcher
-				}
-				w := drove[ch.Key]
-				driving := ch.New != nil && ch.New.Value.Launcher == "launcher-2" && ch.New.Value.State == kv.NodeBuilding
-				switch {
-				case w == nil && driving:
-					drove[ch.Key] = &window{from: now}
-				case w != nil && w.to.IsZero() && !driving:
-					w.to = now
-				}
-			}
-			for _, ch := range si.Drain() {
-				if ch.New != nil && ch.Old == nil {
-					nid := ch.New.Value.Tags["nodepool_node_id"]
-					instances[nid] = append(instances[nid], ch.Key)
-				}
-			}
-			mu.Unlock()
 		}
-	}()
+		mu.Lock()
+		defer mu.Unlock()
+		if n.State == kv.NodeReady && readyBy[key] == "" {
+			readyBy[key] = n.Launcher
+		}
+		w := drove[key]
+		driving := n.Launcher == "launcher-2" && n.State == kv.NodeBuilding
+		switch {
+		case w == nil && driving:
+			drove[key] = &window{from: now}
+		case w != nil && w.to.IsZero() && !driving:
+			w.to = now
+		}
+	})
+	seenInst := map[string]bool{}
+	natstest.Writes(t, nc, fake.BucketName("cloud1"), ">", func(key string, value []byte, deleted bool) {
+		if deleted {
+			return
+		}
+		var inst fake.InstanceRecord
+		if err := json.Unmarshal(value, &inst); err != nil {
+			t.Errorf("instance %s: %v", key, err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !seenInst[key] {
+			seenInst[key] = true
+			nid := inst.Tags["nodepool_node_id"]
+			instances[nid] = append(instances[nid], key)
+		}
+	})
 
 	req := newRequestor(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -209,8 +223,6 @@ func testFencing(t *testing.T, mode string) {
 		}
 	}
 	rec.until(60*time.Second, "every node given back and deleted", func() bool { return rec.nodes.Len() == 0 && rec.instances.Len() == 0 })
-	stopWatch()
-	<-watchDone
 
 	// From launcher-1, nothing that changes a node launcher-2 drove, or
 	// any instance of it, while launcher-2 drove it.

@@ -61,6 +61,21 @@ func watchImages(t *testing.T, url string) *imageRecords {
 	for _, run := range []func(context.Context) error{r.builds.Run, r.uploads.Run} {
 		wg.Go(func() { _ = run(ctx) })
 	}
+	// Every version of every build: those the cache holds now, and every
+	// write from now on (a cache may skip versions).
+	natstest.Writes(t, nc, kv.BucketImages, "*.*", func(key string, value []byte, deleted bool) {
+		if deleted {
+			return
+		}
+		b, err := kv.Decode[kv.ImageBuild](key, value)
+		if err != nil {
+			t.Errorf("build record: %v", err)
+			return
+		}
+		r.mu.Lock()
+		r.history[key] = append(r.history[key], b)
+		r.mu.Unlock()
+	})
 	sub := r.builds.Subscribe()
 	wg.Go(func() {
 		defer r.builds.Unsubscribe(sub)
@@ -71,7 +86,7 @@ func watchImages(t *testing.T, url string) *imageRecords {
 			case <-sub.C():
 				r.mu.Lock()
 				for _, ch := range sub.Drain() {
-					if ch.New != nil {
+					if ch.New != nil && ch.Old == nil {
 						r.history[ch.Key] = append(r.history[ch.Key], ch.New.Value)
 					}
 				}
