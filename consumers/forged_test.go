@@ -30,8 +30,9 @@ func TestForgedExternalIDDeletesNothingElse(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// (Seen gone in the cache the checks below read.)
 	h.until(10*time.Second, "the forger node's record gone", func() bool {
-		_, ok := h.node(forger.ID)
+		_, ok := h.nodes.Get(forger.ID)
 		return !ok
 	})
 	if _, ok := h.instances["cloud1"].Get(victim.ExternalID); !ok {
@@ -56,8 +57,9 @@ func TestForgedExternalIDFreesNoOtherSlot(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// (Seen gone in the cache the checks below read.)
 	h.until(10*time.Second, "the forger node's record gone", func() bool {
-		_, ok := h.node(forger)
+		_, ok := h.nodes.Get(forger)
 		return !ok
 	})
 	held := false

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -283,15 +284,21 @@ func (r *records) dump() string {
 	})
 	r.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := e.Value
-		_, inst := r.instances.Get(n.ExternalID)
-		fmt.Fprintf(&b, "node %s %s %v %s/%s alloc=%q launcher=%q ext=%q (exists %v) age=%s reason=%q\n", n.ID, n.State, n.Labels, n.Provider, n.Pool,
-			n.AllocatedTo, n.Launcher, n.ExternalID, inst, time.Since(n.StateTime).Round(time.Millisecond), n.Reason)
+		exists := "unknown" // a cloud whose instances are not records
+		if r.instances != nil {
+			_, ok := r.instances.Get(n.ExternalID)
+			exists = strconv.FormatBool(ok)
+		}
+		fmt.Fprintf(&b, "node %s %s %v %s/%s alloc=%q launcher=%q ext=%q (exists %s) age=%s reason=%q\n", n.ID, n.State, n.Labels, n.Provider, n.Pool,
+			n.AllocatedTo, n.Launcher, n.ExternalID, exists, time.Since(n.StateTime).Round(time.Millisecond), n.Reason)
 		return true
 	})
-	r.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
-		fmt.Fprintf(&b, "instance %s node=%s\n", e.Key, e.Value.Tags["nodepool_node_id"])
-		return true
-	})
+	if r.instances != nil {
+		r.instances.Range(func(e *kv.Entry[fake.InstanceRecord]) bool {
+			fmt.Fprintf(&b, "instance %s node=%s\n", e.Key, e.Value.Tags["nodepool_node_id"])
+			return true
+		})
+	}
 	return b.String()
 }
 

@@ -70,7 +70,13 @@ func (p *Provider) Create(req drivers.CreateRequest, state json.RawMessage) (dri
 		if err := json.Unmarshal(state, &m.st); err != nil {
 			return nil, fmt.Errorf("openstack: resuming the create of node %s: %w", req.NodeID, err)
 		}
-		m.mayExist = true
+		// The process that made the steps before may have died in a
+		// create call: what it creates may exist. Past that call (a
+		// recorded server or volume being waited for), it is known.
+		switch m.st.Step {
+		case stepVolume, stepServer, stepFloatingIP:
+			m.mayExist = true
+		}
 	}
 	return m, nil
 }
@@ -389,7 +395,9 @@ func (m *createMachine) boot(ctx context.Context, cl *clients, pool *config.Pool
 		return drivers.Step{}, err
 	}
 	if !ok {
-		return drivers.Step{}, fmt.Errorf("server %s vanished while booting", m.st.Server)
+		// Deleted (by a process that failed this attempt and died before
+		// recording it, or by hand): this attempt is over.
+		return drivers.Step{}, fmt.Errorf("%w: server %s vanished while booting", drivers.ErrNotFound, m.st.Server)
 	}
 	switch s.Status {
 	case "ACTIVE":
@@ -492,7 +500,7 @@ func (m *createMachine) scan(ctx context.Context, pool *config.Pool, pl *config.
 			return drivers.Step{}, err
 		}
 		if !ok {
-			return drivers.Step{}, fmt.Errorf("server %s vanished while booting", m.st.Server)
+			return drivers.Step{}, fmt.Errorf("%w: server %s vanished while booting", drivers.ErrNotFound, m.st.Server)
 		}
 		m.server = &s
 	}

@@ -282,6 +282,37 @@ func TestResume(t *testing.T) {
 	}
 }
 
+// A launch resumed while its server boots, when that server is gone (a
+// process failed the attempt and deleted it, and died before recording
+// that): the attempt fails at once as not found, and is not a call of
+// unknown outcome made again until the boot timeout.
+func TestResumedBootOfAVanishedServer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, launchConfig(22), devos.Options{BootTime: time.Minute})
+	first := e.provider()
+	sm, err := first.Create(request("0000000008", "noscan", 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	advanceTo(t, sm, stepBoot)
+	booting := sm.State()
+	dm, err := first.Delete(sm.ExternalID(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := advance(t, dm); err != nil {
+		t.Fatal(err)
+	}
+	sm2, err := e.provider().Create(request("0000000008", "noscan", 1), booting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = advance(t, sm2)
+	if !errors.Is(err, drivers.ErrNotFound) || errors.Is(err, drivers.ErrUncertain) {
+		t.Fatalf("resumed boot of a deleted server: %v; want drivers.ErrNotFound, not drivers.ErrUncertain", err)
+	}
+}
+
 func TestHostKeyCheckingAndScanFailures(t *testing.T) {
 	t.Parallel()
 	ssh := sshtest.Start(t, sshtest.Ed25519)
