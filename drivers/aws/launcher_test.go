@@ -50,7 +50,7 @@ func startSystem(t *testing.T, k devaws.Knobs, yaml string) *system {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	creds := credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", "")
-	opts := awsdriver.Options{Endpoint: srv.URL(), Credentials: creds, RetryMaxAttempts: 1, PollInterval: 20 * time.Millisecond, SweepInterval: time.Nanosecond, Log: log}
+	opts := awsdriver.Options{Endpoint: srv.URL(), Credentials: creds, RetryMaxAttempts: 2, PollInterval: 20 * time.Millisecond, SweepInterval: time.Nanosecond, Log: log}
 	drv, err := awsdriver.New(t.Context(), &cfg.Providers[0], opts)
 	if err != nil {
 		t.Fatal(err)
