@@ -84,10 +84,13 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	comp, lock := bucketTTL(ctx, b.Components.kv), bucketTTL(ctx, b.Locks.kv)
-	if comp != lock {
+	lock, err := bucketTTL(ctx, b.Locks.kv)
+	if err != nil {
+		return nil, err
+	}
+	if comp := b.LeaseTTL; comp != lock {
 		return nil, fmt.Errorf("buckets %s (TTL %s) and %s (TTL %s) must have the same TTL, the lease TTL; recreate one of them with the other's",
-			BucketComponents, comp, BucketLocks, lock)
+			BucketComponents, b.LeaseTTL, BucketLocks, lock)
 	}
 	if o.LeaseTTL != 0 && b.LeaseTTL != 0 && b.LeaseTTL != o.LeaseTTL {
 		log.Warn("the lease TTL of this process differs from the buckets' TTL; using the buckets' so that every process agrees (change it by recreating the nodepool-components and nodepool-locks buckets with every process stopped)",
@@ -96,13 +99,15 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 	return b, nil
 }
 
-// bucketTTL reads a bucket's TTL (0 if it cannot).
-func bucketTTL(ctx context.Context, b jetstream.KeyValue) time.Duration {
-	st, err := b.Status(ctx)
+// bucketTTL reads a bucket's TTL, waiting out what a cluster electing a
+// leader answers meanwhile (an unreadable TTL is an error, never a TTL
+// of 0).
+func bucketTTL(ctx context.Context, b jetstream.KeyValue) (time.Duration, error) {
+	st, err := natsretry.Do(ctx, b.Status)
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("reading the TTL of bucket %s: %w", b.Bucket(), err)
 	}
-	return st.TTL()
+	return st.TTL(), nil
 }
 
 // EnsureBucket creates a bucket, or opens it if it exists (with a warning
@@ -184,6 +189,8 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	if bs.Images, err = open(BucketImages); err != nil {
 		return nil, err
 	}
-	bs.LeaseTTL = bucketTTL(ctx, bs.Components.kv)
+	if bs.LeaseTTL, err = bucketTTL(ctx, bs.Components.kv); err != nil {
+		return nil, err
+	}
 	return &bs, nil
 }
