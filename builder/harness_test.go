@@ -104,15 +104,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 	// Every version of every build, from its writes (a cache may skip
 	// versions).
 	h.history = map[string][]kv.ImageBuild{}
-	natstest.Writes(t, nc, kv.BucketImages, "*.*", func(key string, value []byte, deleted bool) {
-		if deleted {
-			return
-		}
-		b, err := kv.Decode[kv.ImageBuild](key, value)
-		if err != nil {
-			t.Errorf("build record: %v", err)
-			return
-		}
+	natstest.Puts(t, nc, kv.BucketImages, "*.*", func(key string, b kv.ImageBuild) {
 		h.mu.Lock()
 		h.history[key] = append(h.history[key], b)
 		h.mu.Unlock()

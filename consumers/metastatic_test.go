@@ -236,15 +236,7 @@ func ptr[T any](v T) *T { return &v }
 func (h *harness) watchReleases() func() map[string]metastatic.BackingData {
 	var mu sync.Mutex
 	out := map[string]metastatic.BackingData{}
-	natstest.Writes(h.t, h.nc, kv.BucketNodes, ">", func(key string, value []byte, deleted bool) {
-		if deleted {
-			return
-		}
-		n, err := kv.Decode[kv.Node](key, value)
-		if err != nil {
-			h.t.Errorf("node record: %v", err)
-			return
-		}
+	natstest.Puts(h.t, h.nc, kv.BucketNodes, ">", func(key string, n kv.Node) {
 		if d, ok := backingData(&n); ok && d.Released != nil {
 			mu.Lock()
 			out[key] = d

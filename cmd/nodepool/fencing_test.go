@@ -121,15 +121,7 @@ func testFencing(t *testing.T, mode string) {
 		}
 	})
 	seenInst := map[string]bool{}
-	natstest.Writes(t, nc, fake.BucketName("cloud1"), ">", func(key string, value []byte, deleted bool) {
-		if deleted {
-			return
-		}
-		var inst fake.InstanceRecord
-		if err := json.Unmarshal(value, &inst); err != nil {
-			t.Errorf("instance %s: %v", key, err)
-			return
-		}
+	natstest.Puts(t, nc, fake.BucketName("cloud1"), ">", func(key string, inst fake.InstanceRecord) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !seenInst[key] {

@@ -63,15 +63,7 @@ func watchImages(t *testing.T, url string) *imageRecords {
 	}
 	// Every version of every build: those the cache holds now, and every
 	// write from now on (a cache may skip versions).
-	natstest.Writes(t, nc, kv.BucketImages, "*.*", func(key string, value []byte, deleted bool) {
-		if deleted {
-			return
-		}
-		b, err := kv.Decode[kv.ImageBuild](key, value)
-		if err != nil {
-			t.Errorf("build record: %v", err)
-			return
-		}
+	natstest.Puts(t, nc, kv.BucketImages, "*.*", func(key string, b kv.ImageBuild) {
 		r.mu.Lock()
 		r.history[key] = append(r.history[key], b)
 		r.mu.Unlock()

@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -38,4 +39,22 @@ func Writes(t testing.TB, nc *nats.Conn, bucket, keys string, fn func(key string
 		t.Fatalf("subscribing to the writes of bucket %s: %v", bucket, err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+// Puts calls fn for every value put to the keys of a KV bucket that match
+// a filter from now on, decoded from JSON, as Writes does (deletes are
+// passed over; a value that does not decode fails the test).
+func Puts[T any](t testing.TB, nc *nats.Conn, bucket, keys string, fn func(key string, value T)) {
+	t.Helper()
+	Writes(t, nc, bucket, keys, func(key string, data []byte, deleted bool) {
+		if deleted {
+			return
+		}
+		var v T
+		if err := json.Unmarshal(data, &v); err != nil {
+			t.Errorf("bucket %s, key %s: %v", bucket, key, err)
+			return
+		}
+		fn(key, v)
+	})
 }
