@@ -95,15 +95,9 @@ func (w *instanceWatch) run(b *describeBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ctx, paced := drivers.WithPacedWaitMeter(ctx)
-	// A poll is a read: one whose answer was lost on the way (the
-	// connection closed under it) is made again rather than failing
-	// every machine waiting on it.
-	for try := 1; ; try++ {
-		b.got, b.err = w.p.describeInstances(ctx, ids)
-		if b.err == nil || try == 3 || !unanswered(b.err) {
-			break
-		}
-	}
+	// A poll whose answer was lost on the way (the connection closed
+	// under it) is made again by the SDK's retryer, as every call is.
+	b.got, b.err = w.p.describeInstances(ctx, ids)
 	w.mu.Lock()
 	// What the poll cost the cloud: its time less its turns at the rate.
 	w.lastTook = time.Since(start) - paced()
