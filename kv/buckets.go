@@ -88,7 +88,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	if comp := b.LeaseTTL; comp != lock {
+	if b.LeaseTTL != lock {
 		return nil, fmt.Errorf("buckets %s (TTL %s) and %s (TTL %s) must have the same TTL, the lease TTL; recreate one of them with the other's",
 			BucketComponents, b.LeaseTTL, BucketLocks, lock)
 	}
