@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/nodepool-nats/nodepool/client"
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -69,15 +66,7 @@ func TestAWSLaunchResumedAfterKill(t *testing.T) {
 	p1 := startRun(t, awsEnv(launcherEnv(url, "aws-1"), srv.URL()), "-c", cfg)
 	p1.waitLog("launcher running", 60*time.Second)
 
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 	nodes := kv.NewCache(c.Buckets().Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t.Cleanup(nodes.Start())
 	if _, err := c.JetStream().Publish(t.Context(), "nodepool.requests.new", []byte(`{"id": "k1", "labels": ["small"]}`)); err != nil {

@@ -19,7 +19,10 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-const chaosConfig = `
+// killLabels are the labels of the kill and chaos tests: a min-ready one,
+// and ready nodes that age out soon, so that the cleanup runs under the
+// faults too.
+const killLabels = `
 labels:
   - name: small
     min-ready: 2
@@ -28,6 +31,9 @@ labels:
     max-ready-age: 2
   - name: big
     max-ready-age: 2
+`
+
+const chaosConfig = killLabels + `
 providers:
   - name: cloud1
     driver: fake

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -55,15 +52,7 @@ func TestDeleteWhileBootingThenKill(t *testing.T) {
 	l1 := startRun(t, launcherEnv(url, "launcher-1"), "-c", cfg)
 	l1.waitLog("launcher running", 60*time.Second)
 	rec := watchRecords(t, url, "cloud1")
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 	id, err := c.Submit(t.Context(), events.RequestMessage{Labels: []string{"small"}, Requestor: "faults-test"})
 	if err != nil {
 		t.Fatal(err)

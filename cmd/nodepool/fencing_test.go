@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -92,11 +90,7 @@ func testFencing(t *testing.T, mode string) {
 	drove := map[string]*window{}
 	readyBy := map[string]string{} // node -> the launcher that made it ready
 	instances := map[string][]string{}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, _ := connectClient(t, srv.ClientURL())
 	natstest.Writes(t, nc, kv.BucketNodes, ">", func(key string, value []byte, deleted bool) {
 		now := time.Now()
 		var n kv.Node

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
@@ -141,15 +139,7 @@ type requestor struct {
 
 func newRequestor(t *testing.T, urls string) *requestor {
 	t.Helper()
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, urls)
 	return &requestor{c: c}
 }
 

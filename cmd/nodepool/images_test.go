@@ -61,32 +61,23 @@ func watchImages(t *testing.T, url string) *imageRecords {
 	for _, run := range []func(context.Context) error{r.builds.Run, r.uploads.Run} {
 		wg.Go(func() { _ = run(ctx) })
 	}
-	// Every version of every build: those the cache holds now, and every
-	// write from now on (a cache may skip versions).
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	// Every version of every build: every write from now on (a cache may
+	// skip versions), after those the buckets held before.
 	natstest.Puts(t, nc, kv.BucketImages, "*.*", func(key string, b kv.ImageBuild) {
 		r.mu.Lock()
 		r.history[key] = append(r.history[key], b)
 		r.mu.Unlock()
 	})
-	sub := r.builds.Subscribe()
-	wg.Go(func() {
-		defer r.builds.Unsubscribe(sub)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-sub.C():
-				r.mu.Lock()
-				for _, ch := range sub.Drain() {
-					if ch.New != nil && ch.Old == nil {
-						r.history[ch.Key] = append(r.history[ch.Key], ch.New.Value)
-					}
-				}
-				r.mu.Unlock()
-			}
-		}
+	if err := r.builds.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	r.builds.Range(func(e *kv.Entry[kv.ImageBuild]) bool {
+		r.history[e.Key] = append([]kv.ImageBuild{e.Value}, r.history[e.Key]...)
+		return true
 	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	r.mu.Unlock()
 	return r
 }
 
@@ -130,7 +121,7 @@ func (r *imageRecords) build(image, id string) (kv.ImageBuild, bool) {
 	return e.Value, ok
 }
 
-// seen returns the last version of a build seen in a state.
+// seen returns the first version of a build seen in a state.
 func (r *imageRecords) seen(image, id string, state kv.ImageState) (kv.ImageBuild, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

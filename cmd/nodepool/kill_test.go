@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -63,15 +60,7 @@ func killUnderLoad(t *testing.T, cloud killCloud, n int) {
 		fakeCloud = "cloud1"
 	}
 	rec := watchRecords(t, url, fakeCloud)
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 
 	// Chaos: kill a random launcher every one and a half to three seconds and start it
 	// again with the same id.

@@ -190,6 +190,23 @@ func writeConfig(t *testing.T, text string) string {
 }
 
 // records watches the node and request buckets and a fake cloud of a
+// connectClient connects to a running server, reconnecting through its
+// restarts, and returns the connection and a client of the buckets (which
+// must exist); the connection closes when the test ends.
+func connectClient(t *testing.T, urls string) (*nats.Conn, *client.Client) {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c, err := client.New(t.Context(), nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, c
+}
+
 // running server, so tests wait on records.
 type records struct {
 	t         *testing.T
@@ -202,15 +219,7 @@ type records struct {
 
 func watchRecords(t *testing.T, url, cloud string) *records {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 	js := c.JetStream()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := &records{t: t, client: c, js: js,

@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -47,15 +44,7 @@ func TestRunMetastaticKilled(t *testing.T) {
 	p := startRun(t, env, "-c", cfg)
 	p.waitLog("launcher running", 30*time.Second)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 	var ids []string
 	for i := range 6 {
 		id := fmt.Sprintf("m%d", i)

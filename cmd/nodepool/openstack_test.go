@@ -48,15 +48,7 @@ func TestKillOpenStackLaunchersUnderLoad(t *testing.T) {
 	q := devos.Quota{Instances: 45, Cores: -1, RAM: -1, Volumes: -1, Gigabytes: -1, FloatingIPs: -1}
 	cloud, env := startDevCloud(t, devos.Options{BootTime: 300 * time.Millisecond, DeleteTime: 100 * time.Millisecond,
 		Latency: 5 * time.Millisecond, ErrorRate: 0.05, Quota: &q, HostIP: "127.0.0.1"})
-	config := fmt.Sprintf(`
-labels:
-  - name: small
-    min-ready: 2
-    max-ready-age: 5
-  - name: medium
-    max-ready-age: 2
-  - name: big
-    max-ready-age: 2
+	config := fmt.Sprintf(killLabels+`
 providers:
   - name: cloud1
     cloud: dev

@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -23,15 +20,7 @@ import (
 // watchNodes watches the node records of a running server.
 func watchNodes(t *testing.T, url string) *kv.Cache[kv.Node] {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	c, err := client.New(t.Context(), nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := connectClient(t, url)
 	nodes := kv.NewCache(c.Buckets().Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
