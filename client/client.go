@@ -158,6 +158,10 @@ func (c *Client) waitOnce(ctx context.Context, id string, seen *bool) (kv.Entry[
 			return kv.Entry[kv.Request]{}, true, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
 		case e, ok := <-w.Updates():
 			if !ok {
+				// The watch ends with ctx too: say which ended first.
+				if ctx.Err() != nil {
+					return kv.Entry[kv.Request]{}, true, fmt.Errorf("waiting for request %s: %w", id, ctx.Err())
+				}
 				return kv.Entry[kv.Request]{}, false, fmt.Errorf("waiting for request %s: watch closed", id)
 			}
 			if e == nil {
@@ -387,6 +391,9 @@ func (c *Client) Abandon(ctx context.Context, id string) error {
 			return fmt.Errorf("request %s was not recorded in time to be deleted: %w", id, ctx.Err())
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return fmt.Errorf("request %s was not recorded in time to be deleted: %w", id, ctx.Err())
+				}
 				return fmt.Errorf("abandoning request %s: watch closed", id)
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
