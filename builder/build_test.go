@@ -405,7 +405,8 @@ providers: []
 	h.eventually(15*time.Second, "b1's build failed and b2's ready", func() bool {
 		_, failed := h.seen("debian", kv.ImageSeqID(1), kv.ImageFailed)
 		_, ready := h.seen("debian", kv.ImageSeqID(2), kv.ImageReady)
-		return failed && ready
+		// (and the cache read below has it too)
+		return failed && ready && len(h.buildsIn("debian", kv.ImageReady)) == 1
 	})
 	first, _ := h.seen("debian", kv.ImageSeqID(1), kv.ImageFailed)
 	second, _ := h.seen("debian", kv.ImageSeqID(2), kv.ImageReady)
