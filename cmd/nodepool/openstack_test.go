@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -311,8 +312,12 @@ providers:
 		return ids
 	}
 	rec.until(60*time.Second, "two requests fulfilled within the quota of two servers", func() bool { return len(fulfilled()) == 2 })
-	if r, _ := rec.requests.Get("q3"); r.Value.State == kv.RequestFulfilled || r.Value.State == kv.RequestFailed {
-		t.Errorf("the third request is %s: %s", r.Value.State, r.Value.Reason)
+	// The one left waits. (Which one it is depends on the order the
+	// intake recorded the three in: a pass serves what is recorded.)
+	for _, id := range []string{"q1", "q2", "q3"} {
+		if r, _ := rec.requests.Get(id); !slices.Contains(fulfilled(), id) && r.Value.State == kv.RequestFailed {
+			t.Errorf("the third request, %s, is %s: %s", id, r.Value.State, r.Value.Reason)
+		}
 	}
 	if n := len(cloud.Servers()); n != 2 {
 		t.Errorf("%d servers within a quota of 2", n)
