@@ -83,9 +83,21 @@ providers:
 		}
 		return out
 	}}, 120)
-	// Every floating IP left is a ready node's.
-	if fips, servers := cloud.FloatingIPs(), cloud.Servers(); len(fips) != len(servers) {
-		t.Errorf("%d floating IPs for %d servers: %+v", len(fips), len(servers), fips)
+	// Every floating IP left is a ready node's. (The min-ready nodes age
+	// out every few seconds: a replacement may be booting without its
+	// floating IP yet, or the one it replaces be going with its own, so
+	// this is waited for, with a deadline.)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		fips, servers := cloud.FloatingIPs(), cloud.Servers()
+		if len(fips) == len(servers) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d floating IPs for %d servers: %+v", len(fips), len(servers), fips)
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // the dev cloud's state, which no record announces
 	}
 }
 
