@@ -1,6 +1,5 @@
-// Package config loads and validates nodepool.yaml (Nodepool's own schema,
-// without the ZooKeeper keys) and reads the process settings from the
-// environment.
+// Package config loads and validates nodepool.yaml (Nodepool's own schema)
+// and reads the process settings from the environment.
 package config
 
 import (
@@ -52,6 +51,12 @@ type Config struct {
 	ImagesDir         string      `yaml:"images-dir"`
 	BuildLogDir       string      `yaml:"build-log-dir"`
 	BuildLogRetention *int        `yaml:"build-log-retention"`
+
+	// Zuul's ZooKeeper (zookeeper.go): when zookeeper-servers is given,
+	// the zookeeper role serves Zuul there as a Nodepool launcher.
+	ZooKeeperServers []ZooKeeperServer `yaml:"zookeeper-servers"`
+	ZooKeeperTLS     *ZooKeeperTLS     `yaml:"zookeeper-tls"`
+	ZooKeeperTimeout ZooKeeperTimeout  `yaml:"zookeeper-timeout"`
 
 	// File is the path the configuration was read from; SecureFile the
 	// secure file merged over it ("" if none).
@@ -266,30 +271,6 @@ func (l *PoolLabel) decodeYAML(d *decoder, path string, n *yaml.Node) {
 		return
 	}
 	l.set = d.decodeStruct(path, n, reflect.ValueOf(l).Elem())
-}
-
-// removedKeys are Nodepool keys whose job the process settings took over.
-var removedKeys = map[string]string{
-	"zookeeper-servers": "NATS replaces ZooKeeper: set NODEPOOL_NATS_URL (or --nats-url) instead",
-	"zookeeper-tls":     "NATS replaces ZooKeeper: set NODEPOOL_NATS_TLS_CA, NODEPOOL_NATS_TLS_CERT and NODEPOOL_NATS_TLS_KEY (or NODEPOOL_NATS_CREDS) instead",
-	"zookeeper-timeout": "NATS replaces ZooKeeper; there is no session timeout to set (NODEPOOL_LEASE_TTL bounds how long a dead process's work waits)",
-}
-
-// takeRemovedKeys reports the ZooKeeper keys of a top-level mapping with a
-// message of their own and returns the mapping without them.
-func (d *decoder) takeRemovedKeys(root *yaml.Node) *yaml.Node {
-	if root.Kind != yaml.MappingNode {
-		return root
-	}
-	kept := &yaml.Node{Kind: yaml.MappingNode, Tag: root.Tag, Line: root.Line, Column: root.Column}
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if why, ok := removedKeys[root.Content[i].Value]; ok {
-			d.fail(root.Content[i].Value, root.Content[i], "%s", why)
-			continue
-		}
-		kept.Content = append(kept.Content, root.Content[i], root.Content[i+1])
-	}
-	return kept
 }
 
 func (c *Config) applyDefaults() {

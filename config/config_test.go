@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +67,12 @@ func TestParseErrors(t *testing.T) {
 		want []string // each must appear in the error text
 	}{
 		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: build-log-dir, build-log-retention, diskimages, elements-dir, images-dir, labels, max-hold-age, providers, tenant-resource-limits, webapp"}},
-		{"zookeeper", "zookeeper-servers: []\nlabels: []\n", []string{"zookeeper-servers: NATS replaces ZooKeeper: set NODEPOOL_NATS_URL (or --nats-url) instead"}},
+		{"zookeeper server without host", "zookeeper-servers:\n  - port: 2181\nlabels: []\n", []string{`nodepool.yaml:2: zookeeper-servers[0]: missing required key "host"`}},
+		{"zookeeper chroot not a path", "zookeeper-servers:\n  - host: zk\n    chroot: nodepool\nlabels: []\n", []string{`zookeeper-servers[0].chroot: expected a ZooKeeper path such as /nodepool, got "nodepool"`}},
+		{"zookeeper chroots differ", "zookeeper-servers:\n  - {host: zk1, chroot: /a}\n  - {host: zk2, chroot: /b}\nlabels: []\n", []string{"zookeeper-servers: the entries name different chroots: /a (zookeeper-servers[0]), /b (zookeeper-servers[1])"}},
+		{"zookeeper port", "zookeeper-servers:\n  - {host: zk1, port: 99999}\nlabels: []\n", []string{"zookeeper-servers[0].port: expected a port from 1 to 65535, got 99999"}},
+		{"zookeeper timeout", "zookeeper-servers:\n  - {host: zk1}\nzookeeper-timeout: soon\nlabels: []\n", []string{`zookeeper-timeout: expected a number of seconds, got "soon"`}},
+		{"zookeeper tls incomplete", "zookeeper-servers:\n  - {host: zk1}\nzookeeper-tls: {ca: /ca.pem}\nlabels: []\n", []string{`zookeeper-tls: missing required key "cert"`, `zookeeper-tls: missing required key "key"`}},
 		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{"labels[0].minready: unknown key; expected one of: max-ready-age, min-ready, name"}},
 		{"wrong type", strings.Replace(valid, "max-servers: 5", "max-servers: five", 1), []string{`providers[0].pools[0].max-servers: expected an integer, got "five"`}},
 		{"wrong type list", "labels: {name: a}\n", []string{"labels: expected a list, got a mapping"}},
@@ -144,12 +150,46 @@ func TestSettings(t *testing.T) {
 			}
 			if c.want == "" {
 				if s.NatsListen != "127.0.0.1:4222" || s.Config != "./nodepool.yaml" || s.DataDir != "./data" ||
-					!s.HasRole(RoleLauncher) || !s.HasRole(RoleBuilder) || s.ID == "" || s.HTTPAddr != "127.0.0.1:8005" {
+					len(s.Roles) != 0 || s.ID == "" || s.HTTPAddr != "127.0.0.1:8005" {
 					t.Errorf("defaults = %+v", s)
 				}
 			}
 		})
 	}
+	t.Run("default roles follow the file", func(t *testing.T) {
+		plain, err := Parse("a.yaml", []byte("labels: []\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		withZK, err := Parse("b.yaml", []byte("labels: []\nzookeeper-servers: [{host: zk1}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			roles []string
+			cfg   *Config
+			want  []string
+			err   string
+		}{
+			{nil, plain, []string{RoleLauncher, RoleBuilder}, ""},
+			{nil, withZK, []string{RoleLauncher, RoleBuilder, RoleZooKeeper}, ""},
+			{[]string{RoleLauncher}, withZK, []string{RoleLauncher}, ""},
+			{[]string{RoleZooKeeper}, withZK, []string{RoleZooKeeper}, ""},
+			{[]string{RoleZooKeeper}, plain, nil, "a.yaml names no zookeeper-servers"},
+		} {
+			s := Settings{Roles: c.roles}
+			err := s.ResolveRoles(c.cfg)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Errorf("roles %v with %s: error %v, want %q", c.roles, c.cfg.File, err, c.err)
+				}
+				continue
+			}
+			if err != nil || !slices.Equal(s.Roles, c.want) {
+				t.Errorf("roles %v with %s: %v, %v; want %v", c.roles, c.cfg.File, s.Roles, err, c.want)
+			}
+		}
+	})
 	t.Run("bad value type", func(t *testing.T) {
 		t.Setenv("NODEPOOL_REPLICAS", "three")
 		if _, err := LoadSettings(); err == nil || !strings.Contains(err.Error(), "REPLICAS") {

@@ -78,7 +78,6 @@ func Decode(in Input) (*Config, error) {
 	if root == nil {
 		return nil, d.errs
 	}
-	root = d.takeRemovedKeys(root)
 	cfg := &Config{File: in.File, SecureFile: in.SecureFile}
 	d.decodeStruct("", root, reflect.ValueOf(cfg).Elem())
 	if len(d.errs) == 0 {

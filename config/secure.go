@@ -6,11 +6,13 @@ import (
 )
 
 // secureFile is the schema of Nodepool's secure file (`nodepool -s`): the
-// secrets kept out of nodepool.yaml. Of what Nodepool reads there, only
-// the diskimages' env-vars remain; the ZooKeeper keys are refused with
-// what replaces them.
+// secrets kept out of nodepool.yaml: the diskimages' env-vars, and the
+// ZooKeeper servers and TLS files, which replace those of nodepool.yaml
+// when given, as in Nodepool.
 type secureFile struct {
-	Diskimages []secureDiskimage `yaml:"diskimages"`
+	Diskimages       []secureDiskimage `yaml:"diskimages"`
+	ZooKeeperServers []ZooKeeperServer `yaml:"zookeeper-servers"`
+	ZooKeeperTLS     *ZooKeeperTLS     `yaml:"zookeeper-tls"`
 }
 
 // secureDiskimage adds environment variables to a diskimage's builds.
@@ -36,9 +38,14 @@ func (c *Config) mergeSecure(d *decoder, file string, data []byte) {
 	if root == nil {
 		return
 	}
-	root = sd.takeRemovedKeys(root)
 	var sf secureFile
 	sd.decodeStruct("", root, reflect.ValueOf(&sf).Elem())
+	if len(sf.ZooKeeperServers) > 0 {
+		c.ZooKeeperServers = sf.ZooKeeperServers
+	}
+	if sf.ZooKeeperTLS != nil {
+		c.ZooKeeperTLS = sf.ZooKeeperTLS
+	}
 	for i, sdi := range sf.Diskimages {
 		path := indexPath("diskimages", i)
 		di, ok := c.Diskimage(sdi.Name)

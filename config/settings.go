@@ -16,6 +16,9 @@ import (
 const (
 	RoleLauncher = "launcher"
 	RoleBuilder  = "builder"
+	// RoleZooKeeper serves Zuul in the ZooKeeper ensemble nodepool.yaml
+	// names (zookeeper-servers), as a Nodepool launcher does.
+	RoleZooKeeper = "zookeeper"
 )
 
 // EnvPrefix is the prefix of every process setting in the environment.
@@ -34,7 +37,7 @@ type Settings struct {
 	Config      string   `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
 	Secure      string   `envconfig:"SECURE" desc:"path of the secure file merged over nodepool.yaml (diskimage env-vars); empty: none"`
 	DataDir     string   `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
-	Roles       []string `envconfig:"ROLES" default:"launcher,builder" desc:"worker groups to run: launcher, builder"`
+	Roles       []string `envconfig:"ROLES" desc:"worker groups to run: launcher, builder, zookeeper; empty: launcher and builder, and zookeeper when nodepool.yaml names zookeeper-servers"`
 	ID          string   `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
 	HTTPAddr    string   `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
 	// HTTPAddrSet tells whether NODEPOOL_HTTP_ADDR (or --http-addr) was
@@ -100,12 +103,9 @@ func (s *Settings) Validate() error {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_ID %q is not valid; expected 1 to 128 of A-Z a-z 0-9 _ = . - (not starting with a dot)", s.ID))
 	}
 	for _, r := range s.Roles {
-		if r != RoleLauncher && r != RoleBuilder {
-			problems = append(problems, fmt.Sprintf("NODEPOOL_ROLES: unknown role %q; expected launcher, builder or both (comma separated)", r))
+		if r != RoleLauncher && r != RoleBuilder && r != RoleZooKeeper {
+			problems = append(problems, fmt.Sprintf("NODEPOOL_ROLES: unknown role %q; expected launcher, builder, zookeeper, or several of them comma separated", r))
 		}
-	}
-	if len(s.Roles) == 0 {
-		problems = append(problems, "NODEPOOL_ROLES is empty; expected launcher, builder or both")
 	}
 	if s.Replicas != 1 && s.Replicas != 3 && s.Replicas != 5 {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_REPLICAS: expected 1, 3 or 5, got %d", s.Replicas))
@@ -130,6 +130,27 @@ func (s *Settings) Validate() error {
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("invalid settings:\n  %s", strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+// ResolveRoles fills in the roles when none are set (the default):
+// launcher and builder, and zookeeper when the configuration names
+// zookeeper-servers. It refuses the zookeeper role without them.
+func (s *Settings) ResolveRoles(cfg *Config) error {
+	if len(s.Roles) == 0 {
+		s.Roles = []string{RoleLauncher, RoleBuilder}
+		if cfg != nil && cfg.ZooKeeper() != nil {
+			s.Roles = append(s.Roles, RoleZooKeeper)
+		}
+		return nil
+	}
+	if s.HasRole(RoleZooKeeper) && (cfg == nil || cfg.ZooKeeper() == nil) {
+		file := ""
+		if cfg != nil {
+			file = cfg.File + " "
+		}
+		return fmt.Errorf("NODEPOOL_ROLES: the zookeeper role serves Zuul in the ZooKeeper that nodepool.yaml names, but %snames no zookeeper-servers", file)
 	}
 	return nil
 }

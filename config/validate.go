@@ -136,6 +136,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 		}
 	}
 	c.validateImages(v)
+	c.validateZooKeeper(v)
 }
 
 // validatePools checks what every driver's pools have in common.

@@ -73,6 +73,10 @@ type Node struct {
 	Reason string `json:"reason,omitempty"`
 	// Attempt counts launch attempts so far (extension).
 	Attempt int `json:"attempt,omitempty"`
+	// ZooKeeperID is the id of the node's znode under /nodepool/nodes
+	// while the node is handed to Zuul through ZooKeeper (extension,
+	// written by the zookeeper role).
+	ZooKeeperID string `json:"zookeeper_id,omitempty"`
 }
 
 // Clone returns a deep copy.

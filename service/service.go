@@ -36,6 +36,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
+	"github.com/nodepool-nats/nodepool/zkbridge"
 )
 
 // InboxPrefix is the prefix of the reply subjects of nodepool's processes
@@ -62,12 +63,18 @@ type Process struct {
 	providers map[string]drivers.Provider
 	launcher  *consumers.Launcher
 	builder   *builder.Builder
+	bridge    *zkbridge.Bridge
 	metrics   *metrics.Registry
 }
 
 // Start brings a process up to the point where its roles can run: NATS
 // (embedded or external), streams, buckets and drivers.
 func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog.Logger) (*Process, error) {
+	if len(s.Roles) == 0 {
+		if err := s.ResolveRoles(cfg); err != nil {
+			return nil, err
+		}
+	}
 	p := &Process{Settings: s, Log: log}
 	p.cfg.Store(cfg)
 	sd, err := metrics.StatsdFromEnv(nil, log)
@@ -126,8 +133,13 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		s.LeaseTTL = ttl // Ensure said so
 		p.Settings.LeaseTTL = ttl
 	}
-	if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
-		return nil, err
+	// Drivers are for the roles that drive machines: a process serving
+	// Zuul alone needs none.
+	p.providers = map[string]drivers.Provider{}
+	if s.HasRole(config.RoleLauncher) || s.HasRole(config.RoleBuilder) {
+		if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
+			return nil, err
+		}
 	}
 	for name, drv := range p.providers {
 		p.providers[name] = drivers.Share(drivers.Measured(drv, name, p.metrics.DriverCalls()))
@@ -147,6 +159,16 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	}
 	if s.HasRole(config.RoleBuilder) {
 		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, pacer, p.metrics, log); err != nil {
+			return nil, err
+		}
+	}
+	if s.HasRole(config.RoleZooKeeper) {
+		if cfg.ZooKeeper() == nil {
+			return nil, fmt.Errorf("the zookeeper role serves Zuul in the ZooKeeper that %s names, but it names no zookeeper-servers", cfg.File)
+		}
+		if p.bridge, err = zkbridge.New(p.buckets, zkbridge.Options{
+			ID: s.ID, Config: cfg, SyncInterval: s.SyncInterval, Version: Version, Log: log,
+		}); err != nil {
 			return nil, err
 		}
 	}
@@ -223,7 +245,18 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	old := p.Config()
+	if p.bridge != nil && cfg.ZooKeeper() == nil {
+		return errors.New("the zookeeper role is running and the new configuration names no zookeeper-servers; restart nodepool with other roles to stop serving Zuul")
+	}
 	next := map[string]drivers.Provider{}
+	if p.launcher == nil && p.builder == nil {
+		if p.bridge != nil {
+			_ = p.bridge.Reload(cfg)
+		}
+		p.cfg.Store(cfg)
+		p.Log.Info("configuration reloaded", "config", cfg.File)
+		return nil
+	}
 	var made []drivers.Provider
 	var added, changed, removed []string
 	undo := func() {
@@ -260,6 +293,9 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 	}
 	if p.builder != nil {
 		p.builder.Reload(cfg, next)
+	}
+	if p.bridge != nil {
+		_ = p.bridge.Reload(cfg)
 	}
 	for name, d := range p.providers {
 		if next[name] != d {
@@ -300,6 +336,9 @@ func (p *Process) Providers() map[string]drivers.Provider {
 	return maps.Clone(p.providers)
 }
 
+// Bridge is the zookeeper role (nil if the process does not run it).
+func (p *Process) Bridge() *zkbridge.Bridge { return p.bridge }
+
 // Launcher is the launcher role (nil if the process does not run it).
 func (p *Process) Launcher() *consumers.Launcher { return p.launcher }
 
@@ -315,6 +354,9 @@ func (p *Process) Ready() error {
 	}
 	if p.builder != nil && !p.builder.Running() {
 		return errors.New("the builder is not running (starting or stopping)")
+	}
+	if p.bridge != nil && !p.bridge.Running() {
+		return errors.New("the zookeeper role is not serving Zuul (no ZooKeeper session yet, or stopping)")
 	}
 	return nil
 }
@@ -332,7 +374,7 @@ func (p *Process) Alive() error {
 // Run runs the roles until ctx ends, then shuts them down cleanly.
 func (p *Process) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	if l := p.launcher; l != nil {
 		wg.Go(func() {
 			if err := l.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -344,6 +386,13 @@ func (p *Process) Run(ctx context.Context) error {
 		wg.Go(func() {
 			if err := b.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 				errs <- fmt.Errorf("builder: %w", err)
+			}
+		})
+	}
+	if br := p.bridge; br != nil {
+		wg.Go(func() {
+			if err := br.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errs <- fmt.Errorf("zookeeper: %w", err)
 			}
 		})
 	}

@@ -22,7 +22,7 @@ import (
 func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run the daemon: the launcher and builder worker groups",
+		Short: "Run the daemon: the launcher, builder and ZooKeeper (Zuul) worker groups",
 		Long: `Run the daemon. With NODEPOOL_NATS_URL unset it starts an embedded NATS
 server (JetStream, files under NODEPOOL_DATA_DIR, listening on
 NODEPOOL_NATS_LISTEN, 127.0.0.1:4222 by default); otherwise it connects to
@@ -34,7 +34,7 @@ writes every goroutine's stack to the log.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context()) },
 	}
-	cmd.Flags().StringSliceVar(&a.flags.Roles, "roles", nil, "worker groups to run: launcher, builder [NODEPOOL_ROLES] (default both)")
+	cmd.Flags().StringSliceVar(&a.flags.Roles, "roles", nil, "worker groups to run: launcher, builder, zookeeper [NODEPOOL_ROLES] (default launcher and builder, and zookeeper when nodepool.yaml names zookeeper-servers)")
 	a.daemonFlags(cmd)
 	return cmd
 }
@@ -98,6 +98,9 @@ func (a *app) run(ctx context.Context) error {
 	}
 	for _, w := range cfg.Warnings {
 		log.Warn("configuration: " + w.Error())
+	}
+	if err := s.ResolveRoles(cfg); err != nil {
+		return err
 	}
 	s.HTTPAddr = s.StatusAddr(cfg)
 	p, err := service.Start(ctx, s, cfg, log)

@@ -1,0 +1,198 @@
+package zkbridge_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/zktest"
+	"github.com/nodepool-nats/nodepool/internal/zuulsim"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/service"
+)
+
+// zookeeper is the package's ZooKeeper server; each test works under a
+// chroot of its own.
+var zookeeper zktest.Shared
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	zookeeper.Stop()
+	os.Exit(code)
+}
+
+func testLog(t testing.TB) *slog.Logger {
+	if os.Getenv("NODEPOOL_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// baseConfig is a fake cloud with two pools; %s is the zookeeper keys.
+const baseConfig = `
+labels:
+  - name: small
+  - name: large
+  - name: python-only
+providers:
+  - name: fake-cloud
+    driver: fake
+    boot-delay: 0.05
+    delete-delay: 0.01
+    flavors:
+      - {name: small, cores: 2, ram: 2048}
+      - {name: large, cores: 8, ram: 8192}
+    pools:
+      - name: main
+        max-servers: 10
+        node-attributes:
+          executor-zone: zone-a
+        labels:
+          - {name: small, flavor-name: small, cloud-image: ubuntu}
+          - {name: large, flavor-name: large, cloud-image: ubuntu}
+      - name: big
+        max-servers: 2
+        labels:
+          - {name: large, flavor-name: large, cloud-image: ubuntu}
+%s`
+
+// env is a NATS server, ZooKeeper (a chroot of the test's own) and the
+// processes of an installation: launchers and bridges.
+type env struct {
+	t      *testing.T
+	nats   *natstest.Server
+	zk     *zktest.Server
+	chroot string
+	cfg    string // the nodepool.yaml text
+	procs  []*proc
+	nodes  *kv.Cache[kv.Node]
+	reqs   *kv.Cache[kv.Request]
+	buckets *kv.Buckets
+}
+
+type proc struct {
+	p      *service.Process
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newEnv(t *testing.T, extraYAML string) *env {
+	t.Helper()
+	e := &env{t: t, nats: natstest.Start(t), zk: zookeeper.Get(t), chroot: zktest.Chroot(t)}
+	e.cfg = fmt.Sprintf(baseConfig, e.zk.ConfigYAML(e.chroot)) + extraYAML
+	return e
+}
+
+// start starts a process with the given roles.
+func (e *env) start(id string, roles ...string) *service.Process {
+	e.t.Helper()
+	cfg, err := config.Parse("nodepool.yaml", []byte(e.cfg))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s := config.Settings{NatsURL: e.nats.ClientURL(), DataDir: e.t.TempDir(), Roles: roles, ID: id, Replicas: 1,
+		LeaseTTL: 2 * time.Second, SyncInterval: 500 * time.Millisecond}
+	p, err := service.Start(e.t.Context(), s, cfg, testLog(e.t).With("id", id))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr := &proc{p: p, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(pr.done); _ = p.Run(ctx) }()
+	e.procs = append(e.procs, pr)
+	e.t.Cleanup(func() { pr.stop() })
+	if e.buckets == nil {
+		e.buckets = p.Buckets()
+		log := testLog(e.t)
+		e.nodes, e.reqs = kv.NewCache(e.buckets.Nodes, log), kv.NewCache(e.buckets.Requests, log)
+		stopN, stopR := e.nodes.Start(), e.reqs.Start()
+		e.t.Cleanup(func() { stopN(); stopR() })
+	}
+	e.waitFor(60*time.Second, id+" ready", func() bool { return p.Ready() == nil })
+	return p
+}
+
+func (p *proc) stop() {
+	p.cancel()
+	<-p.done
+	p.p.Close()
+}
+
+// installation starts one process with the launcher and zookeeper roles.
+func (e *env) installation() *service.Process {
+	return e.start("np1", config.RoleLauncher, config.RoleZooKeeper)
+}
+
+// zuul starts a Zuul stand-in on the test's chroot.
+func (e *env) zuul() *zuulsim.Zuul {
+	e.t.Helper()
+	return zuulsim.Start(e.t, zuulsim.Server{Hosts: e.zk.Hosts(e.chroot), CA: e.zk.CA, Cert: e.zk.Cert, Key: e.zk.Key, SessionTimeout: 4})
+}
+
+// waitFor checks cond on every change of the node and request records,
+// and every 20 ms, until the deadline.
+func (e *env) waitFor(timeout time.Duration, what string, cond func() bool) {
+	e.t.Helper()
+	var sn *kv.Subscription[kv.Node]
+	var sr *kv.Subscription[kv.Request]
+	if e.nodes != nil {
+		sn, sr = e.nodes.Subscribe(), e.reqs.Subscribe()
+		defer e.nodes.Unsubscribe(sn)
+		defer e.reqs.Unsubscribe(sr)
+	}
+	deadline := time.After(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if sn != nil {
+			sn.Drain()
+			sr.Drain()
+		}
+		if cond() {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+// natsNodeOf finds the NATS node handed to Zuul as a znode.
+func (e *env) natsNodeOf(zkNode string) (kv.Entry[kv.Node], bool) {
+	var out kv.Entry[kv.Node]
+	found := false
+	e.nodes.Range(func(n *kv.Entry[kv.Node]) bool {
+		if n.Value.ZooKeeperID == zkNode {
+			out, found = *n, true
+			return false
+		}
+		return true
+	})
+	return out, found
+}
+
+// describe lists the node records, for failure messages.
+func (e *env) describe() string {
+	var b strings.Builder
+	e.nodes.Range(func(n *kv.Entry[kv.Node]) bool {
+		fmt.Fprintf(&b, "%s %s alloc=%s zk=%s holder=%s\n", n.Key, n.Value.State, n.Value.AllocatedTo, n.Value.ZooKeeperID, n.Value.Holder)
+		return true
+	})
+	e.reqs.Range(func(r *kv.Entry[kv.Request]) bool {
+		fmt.Fprintf(&b, "request %s %s nodes=%v reason=%s\n", r.Key, r.Value.State, r.Value.Nodes, r.Value.Reason)
+		return true
+	})
+	return b.String()
+}
+
+var _ = sync.Mutex{}
