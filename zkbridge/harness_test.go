@@ -41,6 +41,8 @@ const baseConfig = `
 labels:
   - name: small
   - name: large
+  - name: slow
+  - name: tiny
   - name: python-only
 providers:
   - name: fake-cloud
@@ -62,6 +64,27 @@ providers:
         max-servers: 2
         labels:
           - {name: large, flavor-name: large, cloud-image: ubuntu}
+  - name: slow-cloud
+    driver: fake
+    boot-delay: 2
+    flavors:
+      - {name: small, cores: 2, ram: 2048}
+    pools:
+      - name: main
+        max-servers: 4
+        labels:
+          - {name: slow, flavor-name: small, cloud-image: ubuntu}
+  - name: tiny-cloud
+    driver: fake
+    boot-delay: 0.02
+    delete-delay: 0.01
+    flavors:
+      - {name: small, cores: 2, ram: 2048}
+    pools:
+      - name: main
+        max-servers: 1
+        labels:
+          - {name: tiny, flavor-name: small, cloud-image: ubuntu}
 %s`
 
 // env is a NATS server, ZooKeeper (a chroot of the test's own) and the

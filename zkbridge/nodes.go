@@ -44,7 +44,8 @@ func (br *Bridge) handNodes(ctx context.Context, zkID, natsReq string, ids []str
 	var create []int
 	for i, id := range ids {
 		e, ok := br.nodes.Get(id)
-		if !ok || e.Value.AllocatedTo != natsReq {
+		if !ok || e.Value.AllocatedTo != natsReq || e.Value.State != kv.NodeReady {
+			// The cache may be behind the request's record: read afresh.
 			fresh, err := br.b.Nodes.Get(ctx, id)
 			if err != nil && !errors.Is(err, kv.ErrNotFound) {
 				return nil, err
@@ -126,7 +127,7 @@ func (br *Bridge) znodeServes(zkNode, zkRequest, natsID string) bool {
 func (br *Bridge) restart(ctx context.Context, zkID, natsReq, node string) error {
 	br.log.Info("a node of a fulfilled request is no longer ready for it; serving the request afresh", "request", zkID, "node", node)
 	if e, ok := br.requests.Get(natsReq); ok {
-		if err := br.withdraw(ctx, zkID, &e); err != nil {
+		if err := br.withdraw(ctx, zkID, "a node of it is no longer ready for it", &e); err != nil {
 			return err
 		}
 	}

@@ -73,7 +73,7 @@ func (br *Bridge) reconcileRequest(ctx context.Context, zkID string) error {
 			br.release(zkID)
 		}
 		if haveNR && !br.fulfilledHere(ctx, zkID, r, &nr) {
-			return br.withdraw(ctx, zkID, &nr)
+			return br.withdraw(ctx, zkID, "a request that ended elsewhere", &nr)
 		}
 	}
 	return nil
@@ -83,13 +83,17 @@ func (br *Bridge) reconcileRequest(ctx context.Context, zkID string) error {
 func (br *Bridge) requested(ctx context.Context, zkID string, zr zrequest, nr kv.Entry[kv.Request], haveNR bool, ours map[string]bool) error {
 	r := zr.rec
 	if l := br.heldLock(zkID); l != nil {
-		// Locked by this process but not pending: an earlier step was cut
-		// short. Let it go; the next step locks it again.
+		// Locked by this process but not pending: the view is behind
+		// this process's own write, or an earlier step was cut short.
+		fresh, _, err := br.readRequest(zkID)
+		if err == nil && fresh.State == "pending" {
+			return br.pending(ctx, zkID, nr, haveNR)
+		}
 		br.release(zkID)
 	}
 	if allIn(ours, r.DeclinedBy) {
 		if haveNR {
-			return br.withdraw(ctx, zkID, &nr)
+			return br.withdraw(ctx, zkID, "every pool of the installation declined it", &nr)
 		}
 		return nil
 	}
@@ -98,7 +102,7 @@ func (br *Bridge) requested(ctx context.Context, zkID string, zr zrequest, nr kv
 	}
 	if why := br.cannotServe(r); why != "" {
 		if haveNR && nr.Value.State != kv.RequestFailed {
-			if err := br.withdraw(ctx, zkID, &nr); err != nil {
+			if err := br.withdraw(ctx, zkID, "no pool of the installation can serve it", &nr); err != nil {
 				return err
 			}
 		}
@@ -113,7 +117,7 @@ func (br *Bridge) requested(ctx context.Context, zkID string, zr zrequest, nr kv
 	switch nr.Value.State {
 	case kv.RequestRequested:
 		if br.yields(r, ours) {
-			return br.withdraw(ctx, zkID, &nr)
+			return br.withdraw(ctx, zkID, "another launcher of the ensemble is preferred", &nr)
 		}
 		if nr.Value.RelativePriority != r.RelativePriority {
 			// Zuul revised its priority while it waits.
@@ -168,7 +172,7 @@ func (br *Bridge) pendingElsewhere(ctx context.Context, zkID string, nr kv.Entry
 		return nil // another bridge process serves it
 	case locked:
 		if haveNR {
-			return br.withdraw(ctx, zkID, &nr)
+			return br.withdraw(ctx, zkID, "another launcher locked it", &nr)
 		}
 		return nil
 	case haveNR:
@@ -252,7 +256,7 @@ func (br *Bridge) claim(ctx context.Context, zkID string, nr kv.Entry[kv.Request
 		return nil
 	}
 	r.State, r.StateTime = "pending", epoch(br.now())
-	if _, err := br.conn.Set(RequestsPath+"/"+zkID, r.Encode(), stat.Version); err != nil {
+	if _, err := br.writeRequest(zkID, r, stat); err != nil {
 		br.release(zkID)
 		if errors.Is(err, zk.ErrBadVersion) || errors.Is(err, zk.ErrNoNode) {
 			return errRetry
@@ -260,6 +264,20 @@ func (br *Bridge) claim(ctx context.Context, zkID string, nr kv.Entry[kv.Request
 		return err
 	}
 	return nil
+}
+
+// writeRequest writes a request back at the version it was read at, and
+// records the write in the bridge's view at once (a watch's report of an
+// earlier version may come after it: it is then ignored).
+func (br *Bridge) writeRequest(zkID string, r *Request, read *zk.Stat) (*zk.Stat, error) {
+	data := r.Encode()
+	stat, err := br.conn.Set(RequestsPath+"/"+zkID, data, read.Version)
+	if err != nil {
+		return nil, err
+	}
+	written, perr := ParseRequest(data)
+	br.setRequest(zkID, &zrequest{rec: written, err: perr, version: stat.Version, ctime: stat.Ctime})
+	return stat, nil
 }
 
 // readRequest reads a request znode afresh.
@@ -306,7 +324,7 @@ func (br *Bridge) fulfil(ctx context.Context, zkID string, nr kv.Entry[kv.Reques
 		return nil
 	}
 	r.State, r.StateTime, r.Nodes = "fulfilled", epoch(br.now()), zkNodes
-	if _, err := br.conn.Set(RequestsPath+"/"+zkID, r.Encode(), stat.Version); err != nil {
+	if _, err := br.writeRequest(zkID, r, stat); err != nil {
 		br.release(zkID)
 		if errors.Is(err, zk.ErrBadVersion) {
 			return errRetry
@@ -337,7 +355,7 @@ func (br *Bridge) fulfilEmpty(ctx context.Context, zkID string) error {
 		return nil
 	}
 	r.State, r.StateTime, r.Nodes = "fulfilled", epoch(br.now()), []string{}
-	_, err = br.conn.Set(RequestsPath+"/"+zkID, r.Encode(), stat.Version)
+	_, err = br.writeRequest(zkID, r, stat)
 	return err
 }
 
@@ -347,7 +365,7 @@ func (br *Bridge) declineFailed(ctx context.Context, zkID string, nr *kv.Entry[k
 	if err := br.decline(ctx, zkID, nr.Value.Reason); err != nil {
 		return err
 	}
-	return br.withdraw(ctx, zkID, nr)
+	return br.withdraw(ctx, zkID, "it failed", nr)
 }
 
 // decline adds this installation's pool ids to a request's declined_by:
@@ -393,7 +411,7 @@ func (br *Bridge) decline(ctx context.Context, zkID, why string) error {
 		r.State = "failed"
 	}
 	r.StateTime = epoch(br.now())
-	if _, err := br.conn.Set(RequestsPath+"/"+zkID, r.Encode(), stat.Version); err != nil {
+	if _, err := br.writeRequest(zkID, r, stat); err != nil {
 		if errors.Is(err, zk.ErrBadVersion) {
 			return errRetry
 		}
@@ -409,11 +427,11 @@ func (br *Bridge) decline(ctx context.Context, zkID, why string) error {
 // withdraw deletes the NATS request of a ZooKeeper request that another
 // launcher took, that ended elsewhere, or that this installation gave up.
 // Nodes allocated to it and not taken go back to the pool.
-func (br *Bridge) withdraw(ctx context.Context, zkID string, nr *kv.Entry[kv.Request]) error {
+func (br *Bridge) withdraw(ctx context.Context, zkID, why string, nr *kv.Entry[kv.Request]) error {
 	err := br.requests.Delete(ctx, nr.Key, nr.Revision)
 	switch {
 	case err == nil:
-		br.log.Debug("NATS request withdrawn", "request", zkID)
+		br.log.Debug("NATS request withdrawn", "request", zkID, "why", why)
 		return nil
 	case errors.Is(err, kv.ErrConflict):
 		return errRetry // it changed: look again
@@ -452,7 +470,7 @@ func (br *Bridge) requestGone(ctx context.Context, zkID string, nr *kv.Entry[kv.
 			return nil // Zuul holds it: its next change brings the request back here
 		}
 	}
-	if err := br.withdraw(ctx, zkID, nr); err != nil {
+	if err := br.withdraw(ctx, zkID, "its ZooKeeper request was deleted", nr); err != nil {
 		return err
 	}
 	br.requestDone(zkID)
@@ -527,7 +545,7 @@ func (br *Bridge) yields(r *Request, ours map[string]bool) bool {
 	}
 	if r.Provider != "" && !br.ourProvider(r.Provider) {
 		for _, pc := range others {
-			if pc.ProviderName == r.Provider {
+			if pc.ProviderName == r.Provider && !slices.Contains(r.DeclinedBy, pc.ID) && providesAll(pc.SupportedLabels, r.NodeTypes) {
 				return true
 			}
 		}

@@ -195,7 +195,7 @@ func (br *Bridge) resetPending(zkID string) error {
 		return nil
 	}
 	r.State, r.StateTime = "requested", epoch(br.now())
-	if _, err := br.conn.Set(RequestsPath+"/"+zkID, r.Encode(), stat.Version); err != nil && !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) {
+	if _, err := br.writeRequest(zkID, r, stat); err != nil && !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) {
 		return err
 	}
 	br.log.Info("request left pending by a launcher that went away; back to requested", "request", zkID)

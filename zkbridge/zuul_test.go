@@ -21,7 +21,7 @@ func TestZuulRequestLifecycle(t *testing.T) {
 
 	var pools []map[string]any
 	z.Must(&pools, "registered_pools", nil)
-	if len(pools) != 2 {
+	if len(pools) != 4 {
 		t.Fatalf("registered pools: %v", pools)
 	}
 

@@ -312,6 +312,76 @@ class Zuul:
         self.zk.stop()
         self.zk.close()
 
+    # -- another launcher of the ensemble (a Python Nodepool's pool) -----
+
+    def register_pool(self, id, provider, labels, priority=100,
+                      paused=False):
+        data = {"hostname": "python-launcher", "kind": "pool",
+                "state": "running", "version": "10.0.0", "model_api": 0,
+                "id": id, "name": "main", "provider_name": provider,
+                "supported_labels": labels, "priority": priority,
+                "paused": paused}
+        path = self.zk.create(POOLS + "/python-launcher",
+                              json.dumps(data, sort_keys=True).encode(),
+                              makepath=True, ephemeral=True, sequence=True)
+        return path
+
+    def make_node(self, provider, label, state="ready", allocated_to=None):
+        now = time.time()
+        data = {"state": state, "state_time": now, "created_time": now,
+                "provider": provider, "pool": "main", "cloud": provider,
+                "region": None, "az": None, "type": [label],
+                "allocated_to": allocated_to, "interface_ip": "192.0.2.1",
+                "public_ipv4": "192.0.2.1", "private_ipv4": None,
+                "public_ipv6": None, "host_id": None,
+                "connection_port": 22, "ssh_port": 22,
+                "connection_type": "ssh", "image_id": None,
+                "launcher": "python-launcher", "external_id": "python-1",
+                "hostname": "python-1", "comment": None, "user_data": None,
+                "hold_job": None, "hold_expiration": None, "host_keys": [],
+                "username": "zuul", "shell_type": None, "python_path": "auto",
+                "resources": None, "slot": None, "attributes": None,
+                "tenant_name": None, "driver_data": None, "requestor": None}
+        path = self.zk.create(NODES + "/", json.dumps(data).encode(),
+                              makepath=True, sequence=True)
+        return path.rsplit("/", 1)[1]
+
+    def decline(self, id, launcher_id):
+        # A Nodepool pool's decline: under the request lock, its id in
+        # declined_by; failed once every registered pool declined.
+        lock = self.zk.Lock(REQUEST_LOCKS + "/" + id)
+        if not lock.acquire(blocking=False):
+            return "locked"
+        try:
+            r = self.request(id)
+            version = r.pop("_version")
+            r.pop("_id")
+            if r["state"] != "requested":
+                return r["state"]
+            declined = r.setdefault("declined_by", [])
+            if launcher_id not in declined:
+                declined.append(launcher_id)
+            ids = set(p["id"] for p in self.registered_pools())
+            r["state"] = "failed" if ids <= set(declined) else "requested"
+            r["state_time"] = time.time()
+            self.zk.set(REQUESTS + "/" + id, json.dumps(r).encode("utf8"),
+                        version=version)
+            return r["state"]
+        finally:
+            lock.release()
+
+    def raw_set(self, path, data):
+        # Writes anything: a hostile or broken client's record.
+        if self.zk.exists(path):
+            self.zk.set(path, data.encode("utf8"))
+        else:
+            self.zk.create(path, data.encode("utf8"), makepath=True)
+        return path
+
+    def raw_create(self, path, data, sequence=False):
+        return self.zk.create(path, data.encode("utf8"), makepath=True,
+                              sequence=sequence)
+
 
 def check_inventory(d):
     # What Zuul's executor needs to build its inventory from a node.
@@ -353,9 +423,13 @@ def main():
                 result = z.node(cmd["id"])
             elif op == "dump":
                 result = {}
-                for c in z.zk.get_children(NODES) if z.zk.exists(NODES) \
-                        else []:
-                    data, _ = z.zk.get(NODES + "/" + c)
+                children = z.zk.get_children(NODES) \
+                    if z.zk.exists(NODES) else []
+                for c in children:
+                    try:
+                        data, _ = z.zk.get(NODES + "/" + c)
+                    except NoNodeError:
+                        continue
                     result[c] = data.decode("utf8")
             else:
                 result = getattr(z, op)(**cmd)
