@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -402,6 +403,13 @@ func (c *cleanup) leaked(inst *drivers.Instance) bool {
 	if nodeID == "" {
 		return true
 	}
+	if zookeeperNodeID.MatchString(nodeID) {
+		// A Python Nodepool launcher's instance (its node ids are
+		// ZooKeeper sequences; this project's never are): during a
+		// migration it may serve a provider of the same cloud, and its
+		// nodes are its own to delete.
+		return false
+	}
 	e, ok := c.l.nodes.Get(nodeID)
 	if !ok {
 		return true
@@ -415,6 +423,9 @@ func (c *cleanup) leaked(inst *drivers.Instance) bool {
 	// yet.
 	return n.State != kv.NodeBuilding && n.State != kv.NodeInit
 }
+
+// zookeeperNodeID is the form of a Python Nodepool's node ids.
+var zookeeperNodeID = regexp.MustCompile(`^\d{10}$`)
 
 // confirmLeaked reads the instance's node record afresh before the instance
 // is deleted for good: the cache may be behind the bucket (a watch that

@@ -574,7 +574,9 @@ providers:
 }
 
 // Instances tagged as ours without a record are deleted on their second
-// sighting; instances that are not ours are left alone.
+// sighting; instances that are not ours are left alone, and so are those
+// of a Python Nodepool serving the provider beside this one during a
+// migration (their node ids are ZooKeeper sequences).
 func TestLeakedInstancesAreDeleted(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, `
@@ -594,12 +596,19 @@ providers:
 	if err != nil {
 		t.Fatal(err)
 	}
+	pythons, err := cloud.Inject(t.Context(), "np0000001234", map[string]string{drivers.TagProvider: "c", drivers.TagNode: "0000001234"}, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.until(10*time.Second, "leaked instance deleted", func() bool {
 		_, there := h.instances["c"].Get(leaked)
 		return !there && l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances") == 1
 	})
 	if _, there := h.instances["c"].Get(theirs); !there {
 		t.Error("an instance that is not ours was deleted")
+	}
+	if _, there := h.instances["c"].Get(pythons); !there {
+		t.Error("a Python Nodepool's instance was deleted")
 	}
 	if l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances") != 1 {
 		t.Errorf("leaked deleted = %v", l.Metrics().Registry().Sum("nodepool_leaked_resources_deleted_total", "kind=instances"))

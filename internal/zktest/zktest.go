@@ -390,3 +390,95 @@ func (s *Server) LogLines(re *regexp.Regexp) []string {
 	}
 	return out
 }
+
+// Proxy forwards a port to the server, so that a test can cut one client
+// off (its connection closed and new ones refused), as a network that
+// fails would, for longer than its session timeout.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+}
+
+// Proxy starts a proxy to the server; it stops when the test ends.
+func (s *Server) Proxy(t testing.TB) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{ln: ln, target: s.Addr, conns: map[net.Conn]bool{}}
+	go p.accept()
+	t.Cleanup(func() { _ = ln.Close(); p.Cut() })
+	return p
+}
+
+// Port is the proxy's port on 127.0.0.1.
+func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+
+func (p *Proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			_ = dst.Close()
+			_ = src.Close()
+			return
+		}
+	}
+}
+
+// Cut closes every connection through the proxy and refuses new ones.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}
+
+// Restore lets connections through again.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+// ConfigYAMLVia is ConfigYAML with the server reached through a proxy.
+func (s *Server) ConfigYAMLVia(p *Proxy, chroot string) string {
+	return strings.Replace(s.ConfigYAML(chroot), fmt.Sprintf("port: %d\n", s.port), fmt.Sprintf("port: %d\n", p.Port()), 1)
+}
