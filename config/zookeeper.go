@@ -68,7 +68,9 @@ func (zt *ZooKeeperTimeout) decodeYAML(d *decoder, path string, n *yaml.Node) {
 }
 
 // D is the timeout as a duration.
-func (zt ZooKeeperTimeout) D() time.Duration { return time.Duration(float64(zt) * float64(time.Second)) }
+func (zt ZooKeeperTimeout) D() time.Duration {
+	return time.Duration(float64(zt) * float64(time.Second))
+}
 
 // ZooKeeper is where Zuul's ZooKeeper is, when the file names one
 // (zookeeper-servers): the servers, the chroot every path is under, TLS

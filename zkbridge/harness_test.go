@@ -90,14 +90,14 @@ providers:
 // env is a NATS server, ZooKeeper (a chroot of the test's own) and the
 // processes of an installation: launchers and bridges.
 type env struct {
-	t      *testing.T
-	nats   *natstest.Server
-	zk     *zktest.Server
-	chroot string
-	cfg    string // the nodepool.yaml text
-	procs  []*proc
-	nodes  *kv.Cache[kv.Node]
-	reqs   *kv.Cache[kv.Request]
+	t       *testing.T
+	nats    *natstest.Server
+	zk      *zktest.Server
+	chroot  string
+	cfg     string // the nodepool.yaml text
+	procs   []*proc
+	nodes   *kv.Cache[kv.Node]
+	reqs    *kv.Cache[kv.Request]
 	buckets *kv.Buckets
 }
 

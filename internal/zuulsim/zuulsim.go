@@ -43,7 +43,7 @@ type Zuul struct {
 // Server is what a Zuul needs to reach ZooKeeper: zuul.conf's [zookeeper]
 // hosts (with the chroot) and TLS files.
 type Server struct {
-	Hosts        string
+	Hosts         string
 	CA, Cert, Key string
 	// SessionTimeout in seconds (Zuul's session_timeout).
 	SessionTimeout float64
