@@ -50,7 +50,7 @@ class Zuul:
 
     def request(self, rid):
         try:
-            data, stat = self.zk.get(REQUESTS + "/" + rid)
+            data, stat = self.zk.retry(self.zk.get, REQUESTS + "/" + rid)
         except NoNodeError:
             return None
         if not data:
@@ -66,7 +66,7 @@ class Zuul:
 
     def node(self, nid):
         try:
-            data, stat = self.zk.get(NODES + "/" + nid)
+            data, stat = self.zk.retry(self.zk.get, NODES + "/" + nid)
         except NoNodeError:
             return None
         if not data:
@@ -116,8 +116,10 @@ class Zuul:
         changed = threading.Event()
         while True:
             changed.clear()
-            exists = self.zk.exists(REQUESTS + "/" + id,
-                                    watch=lambda e: changed.set())
+            # Reads are tried again through a lost connection (a
+            # ZooKeeper server restarting), as kazoo's retry does.
+            exists = self.zk.retry(self.zk.exists, REQUESTS + "/" + id,
+                                   watch=lambda e: changed.set())
             r = self.request(id) if exists else None
             if r is None:
                 raise Failure("request %s is gone" % id)
@@ -161,7 +163,7 @@ class Zuul:
     def registered_pools(self):
         out = []
         try:
-            children = self.zk.get_children(POOLS)
+            children = self.zk.retry(self.zk.get_children, POOLS)
         except NoNodeError:
             return out
         for c in children:
@@ -423,11 +425,11 @@ def main():
                 result = z.node(cmd["id"])
             elif op == "dump":
                 result = {}
-                children = z.zk.get_children(NODES) \
-                    if z.zk.exists(NODES) else []
+                children = z.zk.retry(z.zk.get_children, NODES) \
+                    if z.zk.retry(z.zk.exists, NODES) else []
                 for c in children:
                     try:
-                        data, _ = z.zk.get(NODES + "/" + c)
+                        data, _ = z.zk.retry(z.zk.get, NODES + "/" + c)
                     except NoNodeError:
                         continue
                     result[c] = data.decode("utf8")
