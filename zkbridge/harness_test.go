@@ -90,7 +90,7 @@ providers:
 // env is a NATS server, ZooKeeper (a chroot of the test's own) and the
 // processes of an installation: launchers and bridges.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	nats    *natstest.Server
 	zk      *zktest.Server
 	chroot  string
@@ -105,9 +105,10 @@ type proc struct {
 	p      *service.Process
 	cancel context.CancelFunc
 	done   chan struct{}
+	once   sync.Once
 }
 
-func newEnv(t *testing.T, extraYAML string) *env {
+func newEnv(t testing.TB, extraYAML string) *env {
 	t.Helper()
 	e := &env{t: t, nats: natstest.Start(t), zk: zookeeper.Get(t), chroot: zktest.Chroot(t)}
 	e.cfg = fmt.Sprintf(baseConfig, e.zk.ConfigYAML(e.chroot)) + extraYAML
@@ -144,9 +145,44 @@ func (e *env) start(id string, roles ...string) *service.Process {
 }
 
 func (p *proc) stop() {
-	p.cancel()
-	<-p.done
-	p.p.Close()
+	p.once.Do(func() {
+		p.cancel()
+		<-p.done
+		p.p.Close()
+	})
+}
+
+// stopAll stops every process.
+func (e *env) stopAll() {
+	for _, p := range e.procs {
+		p.stop()
+	}
+}
+
+// benchConfig is a fake cloud that boots in 0.1 s, with room for every
+// request of a burst.
+const benchConfig = `
+labels:
+  - name: small
+providers:
+  - name: fake-cloud
+    driver: fake
+    boot-delay: 0.1
+    delete-delay: 0
+    flavors:
+      - {name: small, cores: 1, ram: 1024}
+    pools:
+      - name: main
+        max-servers: 1000
+        labels:
+          - {name: small, flavor-name: small, cloud-image: ubuntu}
+%s`
+
+// newBenchEnv is an environment with the benchmark's cloud.
+func newBenchEnv(tb testing.TB, extraYAML string) *env {
+	e := newEnv(tb, "")
+	e.cfg = fmt.Sprintf(benchConfig, e.zk.ConfigYAML(e.chroot)) + extraYAML
+	return e
 }
 
 // installation starts one process with the launcher and zookeeper roles.
@@ -217,5 +253,3 @@ func (e *env) describe() string {
 	})
 	return b.String()
 }
-
-var _ = sync.Mutex{}
