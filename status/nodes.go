@@ -23,6 +23,8 @@ var NodeColumns = []Column{
 	// Extensions.
 	{"node_age", "Node Age"}, {"holder", "Holder"}, {"hold_expiration", "Hold Expiration"},
 	{"interface_ip", "Interface IP"}, {"image_id", "Image ID"}, {"requestor", "Requestor"},
+	// The node's id in Zuul's ZooKeeper, while it is handed to Zuul.
+	{"zookeeper_id", "ZooKeeper ID"},
 }
 
 // NodeListDefault are the fields `nodepool list` shows: Nodepool's nine,
@@ -106,6 +108,7 @@ var nodeCells = []func(n *kv.Node, alive Liveness, now time.Time) Cell{
 	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.InterfaceIP) },
 	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ImageID) },
 	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.Requestor) },
+	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ZooKeeperID) },
 }
 
 // NodeList is node-list of the given nodes (in their order). Its cells are

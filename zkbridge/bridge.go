@@ -198,6 +198,9 @@ func (br *Bridge) Run(ctx context.Context) error {
 
 // dial connects to ZooKeeper, trying again until ctx ends.
 func (br *Bridge) dial(ctx context.Context, zkc *config.ZooKeeper) (*Conn, error) {
+	if zkc.TLS == nil {
+		br.log.Warn("connecting to ZooKeeper without TLS: nodepool.yaml has no zookeeper-tls (Nodepool 4 and later refuse such a connection)")
+	}
 	for failures := 0; ; failures++ {
 		dctx, cancel := context.WithTimeout(ctx, max(zkc.Timeout, 5*time.Second))
 		conn, err := Dial(dctx, zkc, br.log)

@@ -276,7 +276,7 @@ func NodeRecord(n *kv.Node, zkRequest, launcher string, now time.Time) []byte {
 		"python_path":     orDefault(n.PythonPath, "auto"),
 		"shell_type":      nullIfEmpty(n.ShellType),
 		"resources":       n.Resources,
-		"slot":            nil,
+		"slot":            slot(n),
 		"attributes":      attrs,
 		"tenant_name":     nullIfEmpty(n.Tenant),
 		"driver_data":     nil,
@@ -284,6 +284,19 @@ func NodeRecord(n *kv.Node, zkRequest, launcher string, now time.Time) []byte {
 		"nats_id":         n.ID,
 	}
 	return encode(rec)
+}
+
+// slot is the slot of a metastatic node on its backing node (Zuul puts
+// it in the inventory as nodepool.slot), nil for other nodes.
+func slot(n *kv.Node) any {
+	var d struct {
+		BackingNode string `json:"backing_node"`
+		Slot        *int   `json:"slot"`
+	}
+	if len(n.DriverData) == 0 || json.Unmarshal(n.DriverData, &d) != nil || d.BackingNode == "" || d.Slot == nil || *d.Slot < 0 {
+		return nil
+	}
+	return *d.Slot
 }
 
 // epoch is a time as Python's time.time(): float seconds.
