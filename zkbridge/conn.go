@@ -41,6 +41,9 @@ type Conn struct {
 	mu       sync.Mutex
 	changes  []chan struct{} // told of every session change
 	expiries int64
+	// leftover are lock contenders (prefix -> lock directory) whose
+	// withdrawal failed, to withdraw again.
+	leftover map[string]string
 }
 
 // Dial connects to the servers of z (over TLS when z.TLS is set) and waits
@@ -132,6 +135,7 @@ func (c *Conn) event(ev zk.Event) {
 		c.connected.Store(false)
 		c.mu.Lock()
 		c.expiries++
+		c.leftover = nil // gone with the session
 		c.mu.Unlock()
 		c.log.Warn("ZooKeeper session expired: its locks and registrations are gone; starting a new one")
 		c.notify()

@@ -132,17 +132,55 @@ func (c *Conn) tryLock(dir, identifier string, makeParents bool) (*Lock, error) 
 }
 
 // withdraw removes this process's contender of prefix in dir, if the
-// server made it; a failure is left to the session's end.
+// server made it. When that cannot be done now (the connection is down),
+// it is remembered and done again by Withdrawn: a contender left behind
+// by a lost answer would otherwise block the lock for as long as this
+// session lives (sessions outlive reconnections, and a ZooKeeper server's
+// restart).
 func (c *Conn) withdraw(dir, prefix string) {
+	if !c.withdrawNow(dir, prefix) {
+		c.mu.Lock()
+		if c.leftover == nil {
+			c.leftover = map[string]string{}
+		}
+		c.leftover[prefix] = dir
+		c.mu.Unlock()
+	}
+}
+
+func (c *Conn) withdrawNow(dir, prefix string) bool {
 	children, _, err := c.Children(dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return true
+	}
 	if err != nil {
-		return
+		return false
 	}
 	for _, ch := range children {
 		if strings.HasPrefix(ch, prefix) {
-			_ = c.Delete(dir+"/"+ch, -1)
+			if err := c.Delete(dir+"/"+ch, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return false
+			}
 		}
 	}
+	return true
+}
+
+// Withdrawn withdraws the contenders that could not be withdrawn when
+// their lock attempt failed, and reports how many remain.
+func (c *Conn) Withdrawn() int {
+	c.mu.Lock()
+	left := c.leftover
+	c.leftover = nil
+	c.mu.Unlock()
+	for prefix, dir := range left {
+		if !c.withdrawNow(dir, prefix) {
+			c.withdraw(dir, prefix)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.leftover)
 }
 
 // Release gives the lock up (kazoo's release: its contender is deleted).
@@ -153,6 +191,8 @@ func (l *Lock) Release() error {
 	}
 	err := l.c.Delete(l.dir+"/"+l.node, -1)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		// Done again later: a lock kept by mistake blocks everyone.
+		l.c.withdraw(l.dir, strings.TrimSuffix(l.node, l.node[len(l.node)-10:]))
 		return fmt.Errorf("unlocking %s: %w", l.dir, err)
 	}
 	return nil

@@ -27,6 +27,9 @@ type registry struct {
 	mine    map[string]ownRegistration
 	session int64
 	dirty   chan struct{}
+	// regMu is held while registrations are written, so that a
+	// registration being made is not taken for a leftover.
+	regMu sync.Mutex
 }
 
 type ownRegistration struct {
@@ -181,14 +184,30 @@ func (br *Bridge) watchPools(ctx context.Context, conn *Conn) {
 	}
 }
 
-// readPools reads every registered pool.
+// readPools reads every registered pool. A registration of this session
+// that this process does not know of (made by a create whose answer was
+// lost) is deleted: it would stay for as long as the session lives.
 func (br *Bridge) readPools(conn *Conn, children []string) {
 	all := map[string]PoolComponent{}
 	br.pools.mu.Lock()
 	old := br.pools.all
 	br.pools.mu.Unlock()
+	br.pools.regMu.Lock()
+	defer br.pools.regMu.Unlock()
+	known := map[string]bool{}
+	br.pools.mu.Lock()
+	for _, reg := range br.pools.mine {
+		known[reg.path] = true
+	}
+	br.pools.mu.Unlock()
 	for _, ch := range children {
-		data, _, err := conn.Get(PoolsPath + "/" + ch)
+		data, stat, err := conn.Get(PoolsPath + "/" + ch)
+		if err == nil && stat.EphemeralOwner != 0 && stat.EphemeralOwner == conn.Session() && !known[PoolsPath+"/"+ch] {
+			if conn.Delete(PoolsPath+"/"+ch, -1) == nil {
+				br.log.Debug("deleted a registration left by a create whose answer was lost", "path", PoolsPath+"/"+ch)
+				continue
+			}
+		}
 		if err != nil {
 			if pc, ok := old[ch]; ok && !errors.Is(err, zk.ErrNoNode) {
 				all[ch] = pc // keep what was known through a failed read
@@ -237,6 +256,8 @@ func (br *Bridge) keepRegistered(ctx context.Context, conn *Conn) {
 
 // register makes this process's registrations what they should be.
 func (br *Bridge) register(conn *Conn) error {
+	br.pools.regMu.Lock()
+	defer br.pools.regMu.Unlock()
 	session := conn.Session()
 	if session == 0 {
 		return errors.New("no session")

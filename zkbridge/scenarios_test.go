@@ -524,3 +524,49 @@ func TestForeignNodesUntouched(t *testing.T) {
 		t.Errorf("request for the other launcher's label: %+v", r)
 	}
 }
+
+// A reload registers the pools as the new file has them: a pool turned
+// off (max-servers 0, the first step of moving a provider back to a
+// Python launcher) is no longer advertised, and requests for its labels
+// are declined.
+func TestBridgeReload(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	p := e.installation()
+	z := e.zuul()
+	var pools []map[string]any
+	z.Must(&pools, "registered_pools", nil)
+	if len(pools) != 4 {
+		t.Fatalf("registered pools: %v", pools)
+	}
+	text := strings.Replace(e.cfg, "        max-servers: 1\n", "        max-servers: 0\n", 1)
+	cfg, err := config.Parse("nodepool.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(20*time.Second, "the tiny pool unregistered", func() bool {
+		pools = nil
+		z.Must(&pools, "registered_pools", nil)
+		return len(pools) == 3
+	})
+	for _, pc := range pools {
+		if pc["provider_name"] == "tiny-cloud" {
+			t.Errorf("tiny-cloud still registered: %v", pc)
+		}
+	}
+	id := z.Submit([]string{"tiny"}, nil)
+	if r := z.Wait(id, 30*time.Second); r.State != "failed" {
+		t.Fatalf("request for a label of the pool turned off: %+v", r)
+	}
+	// A file without zookeeper-servers is refused while the role runs.
+	plain, err := config.Parse("nodepool.yaml", []byte(strings.Split(text, "zookeeper-servers:")[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(t.Context(), plain); err == nil || !strings.Contains(err.Error(), "names no zookeeper-servers") {
+		t.Errorf("reload without zookeeper-servers: %v", err)
+	}
+}

@@ -35,6 +35,9 @@ func (br *Bridge) sweepLoop(ctx context.Context) {
 // leftovers.
 func (br *Bridge) sweep(ctx context.Context) {
 	conn := br.conn
+	if left := conn.Withdrawn(); left > 0 {
+		br.log.Debug("lock contenders of failed attempts still to withdraw", "count", left)
+	}
 	seen := map[string]int{}
 	if children, _, err := conn.Children(RequestsPath); err == nil {
 		br.sawRequests(ctx, conn, children)

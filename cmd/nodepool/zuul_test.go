@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,6 +43,8 @@ providers:
 type zuulSite struct {
 	t       *testing.T
 	zk      *zktest.Server
+	nats    *natstest.Server
+	store   string
 	url     string
 	cfg     string
 	chroot  string
@@ -52,7 +55,9 @@ type zuulSite struct {
 
 func startZuulSite(t *testing.T, bridges int) *zuulSite {
 	t.Helper()
-	s := &zuulSite{t: t, zk: zktest.Start(t), url: natstest.Start(t).ClientURL(), chroot: "/zuul", bridges: map[string]*proc{}}
+	store := t.TempDir()
+	srv := natstest.StartAt(t, store, -1)
+	s := &zuulSite{t: t, zk: zktest.Start(t), nats: srv, store: store, url: srv.ClientURL(), chroot: "/zuul", bridges: map[string]*proc{}}
 	s.cfg = writeConfig(t, zuulConfig+s.zk.ConfigYAML(s.chroot)+"zookeeper-timeout: 2\n")
 	l := startRun(t, s.env("launcher", "launcher"), "-c", s.cfg)
 	l.waitLog("launcher running", 60*time.Second)
@@ -61,6 +66,16 @@ func startZuulSite(t *testing.T, bridges int) *zuulSite {
 	}
 	s.rec = watchRecords(t, s.url, "cloud1")
 	return s
+}
+
+// restartNATS stops the NATS server and starts it again on its store and
+// port, as a crashed and restarted server.
+func (s *zuulSite) restartNATS(down time.Duration) {
+	port := s.nats.Addr().(*net.TCPAddr).Port
+	s.nats.Shutdown()
+	s.nats.WaitForShutdown()
+	time.Sleep(down)
+	s.nats = natstest.StartAt(s.t, s.store, port)
 }
 
 func (s *zuulSite) env(id, roles string) map[string]string {
@@ -107,11 +122,12 @@ func job(z *zuulsim.Zuul, labels []string, hold time.Duration) ([]string, error)
 }
 
 // Bridges are SIGKILLed and started again every second or so while Zuul
-// runs builds through them (four executors, 48 builds), and then the
+// runs builds through them (four executors, 48 builds); then the
 // ZooKeeper server itself is killed and started again with requests in
-// flight: every request ends fulfilled, no node is given to two builds,
-// and once every node is given back, no node is left in NATS, in the
-// cloud or in ZooKeeper, and no NATS request of Zuul's is left.
+// flight, and then the NATS server: every request ends fulfilled, no node
+// is given to two builds, and once every node is given back, no node is
+// left in NATS, in the cloud or in ZooKeeper, and no NATS request of
+// Zuul's is left.
 func TestZuulKillBridgesAndZooKeeper(t *testing.T) {
 	t.Parallel()
 	s := startZuulSite(t, 2)
@@ -187,6 +203,24 @@ func TestZuulKillBridgesAndZooKeeper(t *testing.T) {
 		r := z.Wait(id, 120*time.Second)
 		if r.State != "fulfilled" {
 			t.Fatalf("request %s after the ZooKeeper restart: %+v", id, r)
+		}
+		nodes := z.Accept(id)
+		z.Use(nodes)
+		z.Return(nodes)
+	}
+
+	// The NATS server restarts with requests in flight.
+	ids = nil
+	for range 8 {
+		var id string
+		z.Must(&id, "submit", map[string]any{"labels": []string{"medium"}})
+		ids = append(ids, id)
+	}
+	s.restartNATS(time.Second)
+	for _, id := range ids {
+		r := z.Wait(id, 120*time.Second)
+		if r.State != "fulfilled" {
+			t.Fatalf("request %s after the NATS restart: %+v", id, r)
 		}
 		nodes := z.Accept(id)
 		z.Use(nodes)
