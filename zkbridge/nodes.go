@@ -350,11 +350,20 @@ func (br *Bridge) dropZnode(ctx context.Context, e kv.Entry[kv.Node], zkNode str
 	return nil
 }
 
-// nodeGone deletes the znode of a NATS node that was deleted.
+// nodeGone deletes the znode of a NATS node that was deleted, once a
+// fresh read confirms it is gone (the cache may be behind).
 func (br *Bridge) nodeGone(ctx context.Context, natsID string) error {
 	zkNode := br.znodeOf(natsID)
 	if zkNode == "" {
 		return nil
+	}
+	e, err := br.b.Nodes.Get(ctx, natsID)
+	switch {
+	case err == nil:
+		br.nodes.Apply(e)
+		return nil // there after all: its change comes
+	case !errors.Is(err, kv.ErrNotFound):
+		return err
 	}
 	return br.deleteZnode(zkNode)
 }

@@ -146,7 +146,15 @@ func (br *Bridge) requested(ctx context.Context, zkID string, zr zrequest, nr kv
 func (br *Bridge) pending(ctx context.Context, zkID string, nr kv.Entry[kv.Request], haveNR bool) error {
 	if !haveNR {
 		// Its NATS request was deleted (an operator's request-delete):
-		// the installation gives it up.
+		// the installation gives it up, once a fresh read confirms it.
+		e, err := br.b.Requests.Get(ctx, NATSRequestID(zkID))
+		switch {
+		case err == nil:
+			br.requests.Apply(e)
+			return nil // there after all: its change comes
+		case !errors.Is(err, kv.ErrNotFound):
+			return err
+		}
 		return br.decline(ctx, zkID, "its NATS request was deleted")
 	}
 	switch nr.Value.State {

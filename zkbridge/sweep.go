@@ -154,11 +154,20 @@ func (br *Bridge) reconcileOrphan(ctx context.Context, key string) error {
 		if err != nil || !br.ourProvider(n.Provider) {
 			return nil
 		}
-		if e, ok := br.nodes.Get(n.NATSID); ok && n.NATSID != "" {
-			if e.Value.ZooKeeperID == zkNode {
+		// Read the node afresh: the cache may be behind (a watch that
+		// restarts with its server), and a znode deleted on its word
+		// would be one Zuul is about to lock.
+		if n.NATSID != "" {
+			e, err := br.b.Nodes.Get(ctx, n.NATSID)
+			switch {
+			case errors.Is(err, kv.ErrNotFound):
+			case err != nil:
+				return err
+			case e.Value.ZooKeeperID == zkNode:
+				br.nodes.Apply(e)
+				br.followNode(zkNode, e.Key)
 				return nil // recorded meanwhile
-			}
-			if e.Value.ZooKeeperID == "" && e.Value.State == kv.NodeReady && e.Value.AllocatedTo == NATSRequestID(n.AllocatedTo) {
+			case e.Value.ZooKeeperID == "" && e.Value.State == kv.NodeReady && e.Value.AllocatedTo == NATSRequestID(n.AllocatedTo):
 				_, err := br.nodes.Modify(ctx, e.Key, func(v *kv.Node) error {
 					if v.ZooKeeperID != "" || v.State != kv.NodeReady || v.AllocatedTo != NATSRequestID(n.AllocatedTo) {
 						return kv.ErrSkip
@@ -173,6 +182,7 @@ func (br *Bridge) reconcileOrphan(ctx context.Context, key string) error {
 				if !errors.Is(err, kv.ErrSkip) {
 					return err
 				}
+				return errRetry // it changed: look again
 			}
 		}
 	}

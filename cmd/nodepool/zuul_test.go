@@ -255,3 +255,27 @@ func TestZuulKillBridgesAndZooKeeper(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Zuul's requests and nodes are requests and nodes like any other for the
+// operator: `nodepool request-list` shows a request Zuul waits on (zk=...),
+// `nodepool list` a node Zuul uses, with its holder and ZooKeeper id.
+func TestZuulShowsInListings(t *testing.T) {
+	t.Parallel()
+	s := startZuulSite(t, 1)
+	z := s.zuul()
+	var id string
+	z.Must(&id, "submit", map[string]any{"labels": []string{"small"}})
+	r := z.Wait(id, 60*time.Second)
+	out, errOut, code := nodepool(t, map[string]string{"NODEPOOL_NATS_URL": s.url}, "request-list")
+	if code != 0 || !strings.Contains(out, "zk="+id) || !strings.Contains(out, "fulfilled") {
+		t.Errorf("request-list (%d): %s%s", code, out, errOut)
+	}
+	nodes := z.Accept(id)
+	z.Use(nodes)
+	s.rec.until(30*time.Second, "the node in use", func() bool { return s.rec.count(kv.NodeInUse) == 1 })
+	out, errOut, code = nodepool(t, map[string]string{"NODEPOOL_NATS_URL": s.url}, "list", "--fields", "id,state,holder,zookeeper_id,allocated_to")
+	if code != 0 || !strings.Contains(out, r.Nodes[0]) || !strings.Contains(out, "in-use") || !strings.Contains(out, "zuul:"+z.SystemID) || !strings.Contains(out, "zk="+id) {
+		t.Errorf("list (%d): %s%s", code, out, errOut)
+	}
+	z.Return(nodes)
+}
