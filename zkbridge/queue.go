@@ -104,13 +104,6 @@ func (q *queue) done(key string) {
 	}
 }
 
-// len is the number of keys waiting.
-func (q *queue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.waiting)
-}
-
 // stop drops every waiting key and pending retry.
 func (q *queue) stop() {
 	q.mu.Lock()
