@@ -226,6 +226,19 @@ func (e *env) waitFor(timeout time.Duration, what string, cond func() bool) {
 	}
 }
 
+// nodeFor waits for the NATS node handed to Zuul as a znode to show in
+// the test's view of the records (which may lag the bridge's writes).
+func (e *env) nodeFor(zkNode string) kv.Entry[kv.Node] {
+	e.t.Helper()
+	var n kv.Entry[kv.Node]
+	e.waitFor(10*time.Second, "the NATS node of znode "+zkNode, func() bool {
+		var ok bool
+		n, ok = e.natsNodeOf(zkNode)
+		return ok
+	})
+	return n
+}
+
 // natsNodeOf finds the NATS node handed to Zuul as a znode.
 func (e *env) natsNodeOf(zkNode string) (kv.Entry[kv.Node], bool) {
 	var out kv.Entry[kv.Node]
