@@ -365,7 +365,18 @@ func (br *Bridge) nodeGone(ctx context.Context, natsID string) error {
 	case !errors.Is(err, kv.ErrNotFound):
 		return err
 	}
-	return br.deleteZnode(zkNode)
+	if err := br.deleteZnode(zkNode); err != nil {
+		return err
+	}
+	if exists, _, err := br.conn.Exists(NodesPath + "/" + zkNode); err == nil && !exists {
+		br.tree.mu.Lock()
+		if n := br.tree.nodes[zkNode]; n != nil {
+			n.gone = true
+		}
+		br.tree.mu.Unlock()
+		br.forgetNode(zkNode)
+	}
+	return nil
 }
 
 // znodeOf finds the znode the bridge followed for a NATS node.

@@ -67,6 +67,13 @@ func (br *Bridge) sweep(ctx context.Context) {
 		return true
 	})
 	if children, _, err := conn.Children(NodesPath); err == nil {
+		present := setOf(children)
+		br.foreignNodes.Range(func(k, _ any) bool {
+			if !present[k.(string)] {
+				br.foreignNodes.Delete(k)
+			}
+			return true
+		})
 		for _, z := range children {
 			if _, ok := mapped[z]; ok || !nodeIDRE.MatchString(z) {
 				continue
