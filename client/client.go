@@ -1,13 +1,20 @@
 // Package client speaks the requestor protocol for Go programs: submit a
 // node request, wait for it, take the nodes, give them back. It uses only
-// the public contract (the nodepool.requests.new subject and the
-// nodepool-requests and nodepool-nodes buckets), as any other client would.
+// the public contract, as any other client would: it publishes requests on
+// its identity's subject (nodepool.requests.<owner>.new), reads and
+// watches the nodepool-requests and nodepool-nodes buckets, and acts on
+// its requests and nodes through the requestor's endpoints
+// (nodepool.api.<owner>.<verb>). Operators' commands that act on anyone's
+// nodes (a forced return, a delete) write the records directly, which
+// only the service's and operators' credentials may do.
 package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -29,6 +36,10 @@ var (
 	ErrRequestDeleted = errors.New("request was deleted")
 	// ErrNotReady: the node is not ready (and allocated as expected).
 	ErrNotReady = errors.New("node is not ready for this request")
+	// ErrNotYours: the request or node is another requestor's.
+	ErrNotYours = errors.New("not this requestor's")
+	// ErrIDTaken: the request's id is another requestor's request's.
+	ErrIDTaken = errors.New("request id taken by another requestor")
 )
 
 // Client is a connection to nodepool's NATS server.
@@ -37,6 +48,14 @@ type Client struct {
 	js    jetstream.JetStream
 	b     *kv.Buckets
 	owned bool
+
+	// Owner is the client's identity: its requests are published on
+	// nodepool.requests.<Owner>.new and it acts through
+	// nodepool.api.<Owner>.<verb> (nats.conf ties each requestor user to
+	// its own). Connect sets it from the settings (NODEPOOL_OWNER, else
+	// the user of NODEPOOL_NATS_URL); New from the connection's user; both
+	// default to events.Anonymous.
+	Owner string
 
 	// RequestLease is the lease Request gives the requests it makes: the
 	// request carries lease_until that far ahead, renewed every third of
@@ -87,6 +106,9 @@ func Connect(ctx context.Context, s config.Settings) (*Client, error) {
 		return nil, err
 	}
 	c.owned = true
+	if owner := s.RequestorIdentity(); owner != "" {
+		c.Owner = owner
+	}
 	return c, nil
 }
 
@@ -101,7 +123,31 @@ func New(ctx context.Context, nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, b: b}, nil
+	return &Client{nc: nc, js: js, b: b, Owner: connUser(nc)}, nil
+}
+
+// connUser is the user a connection authenticated as, when it names one
+// that can be an identity (options, or the URL's user:password), else
+// events.Anonymous.
+func connUser(nc *nats.Conn) string {
+	if events.ValidOwner(nc.Opts.User) {
+		return nc.Opts.User
+	}
+	for _, raw := range append([]string{nc.ConnectedUrl()}, nc.Opts.Servers...) {
+		u, err := url.Parse(raw)
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, hasPassword := u.User.Password(); hasPassword && events.ValidOwner(u.User.Username()) {
+			return u.User.Username()
+		}
+	}
+	if u, err := url.Parse(nc.Opts.Url); err == nil && u.User != nil {
+		if _, hasPassword := u.User.Password(); hasPassword && events.ValidOwner(u.User.Username()) {
+			return u.User.Username()
+		}
+	}
+	return events.Anonymous
 }
 
 // Close closes the connection if Connect opened it.
@@ -121,7 +167,70 @@ func (c *Client) JetStream() jetstream.JetStream { return c.js }
 // acknowledged by the stream, and tried again with the same Nats-Msg-Id
 // while the cluster elects a leader, until ctx ends.
 func (c *Client) Submit(ctx context.Context, m events.RequestMessage) (string, error) {
-	return events.PublishRequest(ctx, c.js, m)
+	return events.PublishOwnedRequest(ctx, c.js, c.owner(), m)
+}
+
+func (c *Client) owner() string {
+	if c.Owner == "" {
+		return events.Anonymous
+	}
+	return c.Owner
+}
+
+// APIError is a refusal of the requestor's endpoints.
+type APIError struct {
+	Verb, Code, Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// Unwrap maps the refusal's kind to the package's errors.
+func (e *APIError) Unwrap() error {
+	switch e.Code {
+	case events.APINotYours:
+		return ErrNotYours
+	case events.APIState:
+		return ErrNotReady
+	case events.APINotFound:
+		return kv.ErrNotFound
+	}
+	return nil
+}
+
+// call makes a call to a requestor's endpoint, trying again through
+// elections and restarts (the endpoints are idempotent).
+func (c *Client) call(ctx context.Context, verb string, body events.APICall) (events.APIReply, error) {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return events.APIReply{}, err
+	}
+	subject := events.APISubject(c.owner(), verb)
+	return natsretry.Do(ctx, func(ctx context.Context) (events.APIReply, error) {
+		msg, err := c.nc.RequestWithContext(ctx, subject, data)
+		if err != nil {
+			return events.APIReply{}, fmt.Errorf("%s (is a launcher running, and may this user use %s?): %w", verb, subject, err)
+		}
+		var r events.APIReply
+		if err := json.Unmarshal(msg.Data, &r); err != nil {
+			return events.APIReply{}, fmt.Errorf("%s: the answer is not valid: %w", verb, err)
+		}
+		if r.Error != "" {
+			if r.Code == events.APIUnavailable {
+				return r, fmt.Errorf("%s: %s: %w", verb, r.Error, nats.ErrTimeout) // made again
+			}
+			return r, &APIError{Verb: verb, Code: r.Code, Message: r.Error}
+		}
+		return r, nil
+	})
+}
+
+// nodeOf decodes the node of an answer.
+func nodeOf(r events.APIReply, id string) (kv.Entry[kv.Node], error) {
+	if len(r.Node) == 0 {
+		return kv.Entry[kv.Node]{Key: id}, nil
+	}
+	n, err := kv.Decode[kv.Node](id, r.Node)
+	return kv.Entry[kv.Node]{Key: id, Value: n}, err
 }
 
 // Wait watches a request until it is fulfilled or failed. A failed request
@@ -179,6 +288,9 @@ func (c *Client) waitOnce(ctx context.Context, id string, seen *bool) (kv.Entry[
 				return kv.Entry[kv.Request]{}, true, err
 			}
 			entry := kv.Entry[kv.Request]{Key: id, Value: r, Revision: e.Revision()}
+			if r.Owner != "" && r.Owner != c.owner() {
+				return entry, true, fmt.Errorf("request %s: %w (%s's); the stream's answer to the publish gives the sequence under which this request was recorded, failed", id, ErrIDTaken, r.Owner)
+			}
 			switch r.State {
 			case kv.RequestFulfilled:
 				return entry, true, nil
@@ -213,49 +325,54 @@ func (c *Client) giveUpNode(ctx context.Context, nodeID string, fn func(*kv.Node
 	return err
 }
 
-// Take moves a node allocated to a request from ready to in-use, held by
-// holder. A non-nil leaseUntil makes the holder responsible for renewing it
-// (Renew): an in-use node whose lease ran out is deleted. Taking a node
-// this holder already took for this request is a no-op.
+// Take moves a node allocated to one of the client's requests from ready
+// to in-use, held by holder (through the take endpoint). A non-nil
+// leaseUntil makes the holder responsible for renewing it (Renew): an
+// in-use node whose lease ran out is deleted. Taking a node this holder
+// already took for this request is a no-op.
 func (c *Client) Take(ctx context.Context, nodeID, requestID, holder string, leaseUntil *time.Time) (kv.Entry[kv.Node], error) {
-	e, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
-		if n.State == kv.NodeInUse && n.Holder == holder && (requestID == "" || n.AllocatedTo == requestID) {
-			return kv.ErrSkip // taken by an earlier try whose answer was lost
-		}
-		if n.State != kv.NodeReady || (requestID != "" && n.AllocatedTo != requestID) {
-			return fmt.Errorf("node %s is %s, allocated to %q: %w", nodeID, n.State, n.AllocatedTo, ErrNotReady)
-		}
-		n.SetState(kv.NodeInUse, time.Now().UTC())
-		n.Holder = holder
-		n.LeaseUntil = leaseUntil
-		return nil
-	})
-	if errors.Is(err, kv.ErrSkip) {
-		return e, nil
+	r, err := c.call(ctx, events.APITake, events.APICall{Node: nodeID, Request: requestID, Holder: holder, LeaseUntil: leaseUntil})
+	if err != nil {
+		return kv.Entry[kv.Node]{Key: nodeID}, fmt.Errorf("taking node %s: %w", nodeID, err)
 	}
-	return e, err
+	return nodeOf(r, nodeID)
 }
 
-// Renew extends the lease of a node this holder has in use.
+// Renew extends the lease of a node the client has in use.
 func (c *Client) Renew(ctx context.Context, nodeID, holder string, leaseUntil time.Time) error {
-	_, err := c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
-		if n.State != kv.NodeInUse || n.Holder != holder {
-			return fmt.Errorf("node %s is %s, held by %q, not by %q", nodeID, n.State, n.Holder, holder)
-		}
-		n.LeaseUntil = &leaseUntil
-		return nil
-	})
-	return err
+	_, err := c.call(ctx, events.APIRenew, events.APICall{Node: nodeID, LeaseUntil: &leaseUntil})
+	if err != nil {
+		return fmt.Errorf("renewing node %s: %w", nodeID, err)
+	}
+	return nil
 }
 
-// Return gives a node back (state used); nodepool then deletes it.
+// Return gives back a node the client took (state used, through the
+// return endpoint); nodepool then deletes it. A node already given back,
+// or gone, is no error.
 func (c *Client) Return(ctx context.Context, nodeID string) error {
-	return c.ReturnAs(ctx, nodeID, Guard{Force: true})
+	if _, err := c.call(ctx, events.APIReturn, events.APICall{Node: nodeID}); err != nil {
+		return fmt.Errorf("returning node %s: %w", nodeID, err)
+	}
+	return nil
 }
 
 // ReturnAs gives a node back on behalf of g.Holder: it refuses a node held
 // by someone else, allocated to a request, or on hold, unless g.Force.
+// Without g.Force, the node goes back through the return endpoint (it must
+// be one the client took); with it, the node's record is written directly,
+// whoever's it is (operators' credentials only).
 func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
+	if !g.Force {
+		e, err := natsretry.Do(ctx, func(ctx context.Context) (kv.Entry[kv.Node], error) { return c.b.Nodes.Get(ctx, nodeID) })
+		if err != nil {
+			return err
+		}
+		if err := g.check(ctx, &e.Value, c.b.Requests); err != nil {
+			return err
+		}
+		return c.Return(ctx, nodeID)
+	}
 	err := c.giveUpNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeInUse, kv.NodeReady, kv.NodeHold:
@@ -276,10 +393,26 @@ func (c *Client) ReturnAs(ctx context.Context, nodeID string, g Guard) error {
 	return err
 }
 
-// Hold keeps a node out of service until released (deleted) by an
-// operator, its expiry passes, or max-hold-age does. expire 0 means no
-// expiry of its own.
+// Hold keeps a node the client took out of service (through the hold
+// endpoint) until it is given back, its expiry passes, or max-hold-age
+// does. expire 0 means no expiry of its own.
 func (c *Client) Hold(ctx context.Context, nodeID, reason string, expire time.Duration) (kv.Entry[kv.Node], error) {
+	call := events.APICall{Node: nodeID, Reason: reason}
+	if expire > 0 {
+		d := events.Duration(expire)
+		call.Expire = &d
+	}
+	r, err := c.call(ctx, events.APIHold, call)
+	if err != nil {
+		return kv.Entry[kv.Node]{Key: nodeID}, fmt.Errorf("holding node %s: %w", nodeID, err)
+	}
+	return nodeOf(r, nodeID)
+}
+
+// HoldAny holds any ready, in-use or used node, as an operator's
+// `nodepool hold` (Nodepool's command): the record is written directly
+// (operators' credentials only).
+func (c *Client) HoldAny(ctx context.Context, nodeID, reason string, expire time.Duration) (kv.Entry[kv.Node], error) {
 	return c.modifyNode(ctx, nodeID, func(n *kv.Node) error {
 		switch n.State {
 		case kv.NodeReady, kv.NodeInUse, kv.NodeUsed, kv.NodeHold:
@@ -326,10 +459,20 @@ func (c *Client) DeleteNodeAs(ctx context.Context, nodeID string, g Guard) error
 	return err
 }
 
-// DeleteRequest removes a request record; nodes allocated to it and not yet
-// taken go back to the pool. A request already gone (an earlier try that
-// landed) is no error; one that changed since it was read is read again.
+// DeleteRequest deletes one of the client's requests (through the
+// delete-request endpoint); nodes allocated to it and not yet taken go
+// back to the pool. A request already gone is no error.
 func (c *Client) DeleteRequest(ctx context.Context, id string) error {
+	if _, err := c.call(ctx, events.APIDeleteRequest, events.APICall{Request: id}); err != nil {
+		return fmt.Errorf("deleting request %s: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteAnyRequest deletes any request, as an operator's
+// `nodepool request-delete` (Nodepool's command): the record is deleted
+// directly (operators' credentials only).
+func (c *Client) DeleteAnyRequest(ctx context.Context, id string) error {
 	first := true
 	_, err := natsretry.Do(ctx, func(ctx context.Context) (struct{}, error) {
 		for {
@@ -351,14 +494,13 @@ func (c *Client) DeleteRequest(ctx context.Context, id string) error {
 	return err
 }
 
-// RenewRequest extends the lease of a request (its lease_until).
+// RenewRequest extends the lease of one of the client's requests.
 func (c *Client) RenewRequest(ctx context.Context, id string, until time.Time) error {
-	_, err := c.b.Requests.Modify(ctx, id, func(r *kv.Request) error {
-		until := until.UTC()
-		r.LeaseUntil = &until
-		return nil
-	})
-	return err
+	until = until.UTC()
+	if _, err := c.call(ctx, events.APIRenewRequest, events.APICall{Request: id, LeaseUntil: &until}); err != nil {
+		return fmt.Errorf("renewing request %s: %w", id, err)
+	}
+	return nil
 }
 
 // keepRequest renews a request's lease every third of it until ctx ends. A
@@ -402,14 +544,7 @@ func (c *Client) Abandon(ctx context.Context, id string) error {
 				}
 				continue
 			}
-			err := c.b.Requests.Delete(ctx, id, e.Revision())
-			if err == nil || errors.Is(err, kv.ErrNotFound) {
-				return nil
-			}
-			if !errors.Is(err, kv.ErrConflict) {
-				return err
-			}
-			// Changed meanwhile: the watch brings the new revision.
+			return c.DeleteRequest(ctx, id)
 		}
 	}
 }

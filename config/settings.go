@@ -28,18 +28,23 @@ const EnvPrefix = "NODEPOOL"
 // run, who this process is. They come from NODEPOOL_* environment variables
 // (see the README) and may be overridden by flags of `nodepool run`.
 type Settings struct {
-	NatsURL     string   `envconfig:"NATS_URL" desc:"NATS server URL(s), comma separated; empty starts an embedded server"`
-	NatsCreds   string   `envconfig:"NATS_CREDS" desc:"credentials file for an external NATS server"`
-	NatsTLSCA   string   `envconfig:"NATS_TLS_CA" desc:"CA certificate for an external NATS server"`
-	NatsTLSCert string   `envconfig:"NATS_TLS_CERT" desc:"client certificate for an external NATS server"`
-	NatsTLSKey  string   `envconfig:"NATS_TLS_KEY" desc:"client key for an external NATS server"`
-	NatsListen  string   `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222" desc:"address of the embedded NATS server"`
-	Config      string   `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
-	Secure      string   `envconfig:"SECURE" desc:"path of the secure file merged over nodepool.yaml (diskimage env-vars); empty: none"`
-	DataDir     string   `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
-	Roles       []string `envconfig:"ROLES" desc:"worker groups to run: launcher, builder, zookeeper; empty: launcher and builder, and zookeeper when nodepool.yaml names zookeeper-servers"`
-	ID          string   `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
-	HTTPAddr    string   `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
+	NatsURL     string `envconfig:"NATS_URL" desc:"NATS server URL(s), comma separated; empty starts an embedded server"`
+	NatsCreds   string `envconfig:"NATS_CREDS" desc:"credentials file for an external NATS server"`
+	NatsTLSCA   string `envconfig:"NATS_TLS_CA" desc:"CA certificate for an external NATS server"`
+	NatsTLSCert string `envconfig:"NATS_TLS_CERT" desc:"client certificate for an external NATS server"`
+	NatsTLSKey  string `envconfig:"NATS_TLS_KEY" desc:"client key for an external NATS server"`
+	NatsListen  string `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222" desc:"address of the embedded NATS server"`
+	// Owner is the requestor identity of the client commands (request,
+	// return, hold): requests are published on
+	// nodepool.requests.<owner>.new, and nodes and requests acted on
+	// through nodepool.api.<owner>.<verb>.
+	Owner    string   `envconfig:"OWNER" desc:"requestor identity of the client commands; default: the user of NODEPOOL_NATS_URL, else anonymous"`
+	Config   string   `envconfig:"CONFIG" default:"./nodepool.yaml" desc:"path of nodepool.yaml"`
+	Secure   string   `envconfig:"SECURE" desc:"path of the secure file merged over nodepool.yaml (diskimage env-vars); empty: none"`
+	DataDir  string   `envconfig:"DATA_DIR" default:"./data" desc:"embedded JetStream store and image files"`
+	Roles    []string `envconfig:"ROLES" desc:"worker groups to run: launcher, builder, zookeeper; empty: launcher and builder, and zookeeper when nodepool.yaml names zookeeper-servers"`
+	ID       string   `envconfig:"ID" desc:"this process's identity in records and leases (default hostname-pid)"`
+	HTTPAddr string   `envconfig:"HTTP_ADDR" default:"127.0.0.1:8005" desc:"status API and Prometheus metrics address; empty turns it off"`
 	// HTTPAddrSet tells whether NODEPOOL_HTTP_ADDR (or --http-addr) was
 	// given; if not, nodepool.yaml's webapp section may set the address.
 	HTTPAddrSet  bool          `ignored:"true"`
@@ -125,6 +130,9 @@ func (s *Settings) Validate() error {
 	if s.BuildWorkers < 0 || s.UploadWorkers < 0 {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_BUILD_WORKERS and NODEPOOL_UPLOAD_WORKERS: expected 0 or more, got %d and %d", s.BuildWorkers, s.UploadWorkers))
 	}
+	if s.Owner != "" && !ownerRE.MatchString(s.Owner) {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_OWNER %q is not valid; expected 1 to 64 of A-Z a-z 0-9 _ -", s.Owner))
+	}
 	if s.NatsURL == "" && (s.NatsCreds != "" || s.NatsTLSCert != "") {
 		problems = append(problems, "NODEPOOL_NATS_CREDS and NODEPOOL_NATS_TLS_* apply to an external server; set NODEPOOL_NATS_URL too")
 	}
@@ -154,6 +162,27 @@ func (s *Settings) ResolveRoles(cfg *Config) error {
 	}
 	return nil
 }
+
+// RequestorIdentity is the client commands' identity: NODEPOOL_OWNER, else
+// the user name of the first NATS URL when it can be one, else "" (the
+// client's default, anonymous).
+func (s *Settings) RequestorIdentity() string {
+	if s.Owner != "" {
+		return s.Owner
+	}
+	first, _, _ := strings.Cut(s.NatsURL, ",")
+	if u, err := url.Parse(strings.TrimSpace(first)); err == nil && u.User != nil {
+		if name := u.User.Username(); ownerRE.MatchString(name) {
+			if _, hasPassword := u.User.Password(); hasPassword {
+				return name // nats://user:password@host: a user, not a token
+			}
+		}
+	}
+	return ""
+}
+
+// ownerRE is a valid requestor identity (events.ValidOwner).
+var ownerRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // HasRole reports whether the process runs a role.
 func (s *Settings) HasRole(role string) bool { return slices.Contains(s.Roles, role) }

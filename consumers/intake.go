@@ -89,15 +89,15 @@ func (wp *workerPool) Stop() {
 func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
 		return l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
-			Durable:       IntakeConsumer,
-			Description:   "records node requests",
-			FilterSubject: events.NewRequestSubject,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWaitBackoff[0],
-			BackOff:       ackWaitBackoff,
-			MaxDeliver:    intakeMaxDeliver,
-			MaxAckPending: 10000,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
+			Durable:        IntakeConsumer,
+			Description:    "records node requests",
+			FilterSubjects: []string{events.NewRequestSubject, events.OwnedRequestSubjects},
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        ackWaitBackoff[0],
+			BackOff:        ackWaitBackoff,
+			MaxDeliver:     intakeMaxDeliver,
+			MaxAckPending:  10000,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
 		})
 	})
 	if err != nil {
@@ -128,6 +128,7 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 		}
 	}()
 	rec := l.requestRecord(ctx, msg.Data(), meta)
+	rec.Owner, _ = events.OwnerOfRequestSubject(msg.Subject())
 	err = l.recordRequest(ctx, rec, meta)
 	if errors.Is(err, nats.ErrMaxPayload) {
 		size := len(rec.RequestorData)
@@ -178,6 +179,13 @@ func (l *Launcher) handleRequestMessage(ctx context.Context, msg jetstream.Msg) 
 // when it was published does.
 func (l *Launcher) recordRequest(ctx context.Context, rec *kv.Request, meta *jetstream.MsgMetadata) error {
 	_, err := l.createNewRequest(ctx, rec.ID, rec)
+	if errors.Is(err, kv.ErrExists) && rec.ID != events.RequestID(meta.Sequence.Stream) {
+		if taken, terr := l.takenByOther(ctx, rec); terr != nil {
+			return terr
+		} else if taken != nil {
+			return l.recordTaken(ctx, rec, taken, meta)
+		}
+	}
 	if !errors.Is(err, kv.ErrExists) || meta.NumDelivered > 1 || rec.ID == events.RequestID(meta.Sequence.Stream) {
 		return err
 	}
@@ -193,6 +201,47 @@ func (l *Launcher) recordRequest(ctx context.Context, rec *kv.Request, meta *jet
 	_, err = l.requests.Update(ctx, rec.ID, rec, rev)
 	if errors.Is(err, kv.ErrConflict) {
 		return kv.ErrExists // made again meanwhile, by another delivery
+	}
+	return err
+}
+
+// takenByOther returns the record that holds a request's id if another
+// requestor's request holds it (nil if the id is free, or this owner's).
+func (l *Launcher) takenByOther(ctx context.Context, rec *kv.Request) (*kv.Request, error) {
+	e, err := l.b.Requests.Get(ctx, rec.ID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return nil, nil
+	case errors.Is(err, kv.ErrBadRecord):
+		return nil, nil // not a request of anyone's: left to the sweeps
+	case err != nil:
+		return nil, err
+	}
+	if e.Value.Owner == rec.Owner {
+		return nil, nil
+	}
+	return &e.Value, nil
+}
+
+// recordTaken records a request whose id another requestor's request
+// holds under the id a request without one gets (its stream sequence, the
+// Sequence of the stream's answer to the publish), failed with the
+// reason, so that its requestor can read why; the other request is left
+// alone. The Go client's Wait says so too (the record it finds is not
+// its owner's).
+func (l *Launcher) recordTaken(ctx context.Context, rec *kv.Request, holder *kv.Request, meta *jetstream.MsgMetadata) error {
+	failed := *rec
+	failed.ID = events.RequestID(meta.Sequence.Stream)
+	failed.State = kv.RequestFailed
+	failed.RequestorData = json.RawMessage("{}")
+	failed.Reason = fmt.Sprintf("id %q is taken by a request of another requestor; this request (stream sequence %d) was recorded under this id instead, failed", rec.ID, meta.Sequence.Stream)
+	l.log.Info("request id taken by another requestor", "id", rec.ID, "owner", rec.Owner, "holder", holder.Owner, "recorded_as", failed.ID)
+	_, err := l.createNewRequest(ctx, failed.ID, &failed)
+	if errors.Is(err, kv.ErrExists) {
+		return nil // an earlier delivery recorded it
+	}
+	if err == nil {
+		l.metrics.Request("", "", metrics.RequestFailed, 0)
 	}
 	return err
 }
@@ -230,7 +279,7 @@ func (l *Launcher) minimalRecord(data []byte, meta *jetstream.MsgMetadata) (rec 
 		_ = recover() // a message that cannot even be read keeps the stream's id
 	}()
 	m, err := events.ParseRequest(data)
-	if m.ID != "" && events.ValidID(m.ID) {
+	if m.ID != "" && events.ValidID(m.ID) && !events.ReservedID(m.ID) {
 		rec.ID = m.ID
 	}
 	if err == nil {

@@ -225,9 +225,15 @@ func (l *Launcher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	endpoints, err := l.startAPI(ctx)
+	if err != nil {
+		intake.Stop()
+		return err
+	}
 	lc, err := l.lifecycle.start(ctx)
 	if err != nil {
 		intake.Stop()
+		endpoints.Stop()
 		return err
 	}
 	l.lifecycle.resumeOwn(ctx)
@@ -253,6 +259,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	// Stop taking new messages; what was taken and not acknowledged is
 	// delivered again to another process.
 	intake.Stop()
+	endpoints.Stop()
 	lc.Stop()
 	l.stopRunners()
 	wg.Wait()

@@ -25,14 +25,16 @@ func FuzzParseRequest(f *testing.F) {
 		`{"labels": "a"}`,
 		`{"labels": ["a"]} {"labels": ["b"]}`,
 		`{"id": "keep-me", "labels": ["a"], "colour": "red"}`,
+		`{"id": "0000000027", "labels": ["a"]}`,
+		`{"id": "0000000027", "labels": "a"}`,
 		``, `null`, `[]`, `"labels"`, `{`,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := events.ParseRequest(data)
-		if m.ID != "" && !events.ValidID(m.ID) {
-			t.Fatalf("id %q is not valid, yet returned (err %v)", m.ID, err)
+		if m.ID != "" && (!events.ValidID(m.ID) || events.ReservedID(m.ID)) {
+			t.Fatalf("id %q is not valid or is reserved, yet returned (err %v)", m.ID, err)
 		}
 		if err != nil {
 			if err.Error() == "" {
@@ -94,5 +96,49 @@ func FuzzParseTrigger(f *testing.F) {
 			t.Fatalf("build trigger with reason %q accepted", m.Reason)
 		}
 		_, _ = events.ParseUploadMessage(body)
+	})
+}
+
+// FuzzParseAPICall: whatever a requestor sends to an endpoint, the call
+// parser returns (no panic); a call it accepts has the ids its verb needs,
+// valid, and nothing its verb does not take.
+func FuzzParseAPICall(f *testing.F) {
+	for _, seed := range []string{
+		`{"node": "n1", "request": "r1", "holder": "me", "lease_until": "2030-01-02T15:04:05Z"}`,
+		`{"node": "n1", "reason": "why", "expire": "2h"}`,
+		`{"node": "n1", "expire": 3600}`,
+		`{"request": "zk=200-0000000001"}`,
+		`{"request": "r", "lease_until": "tomorrow"}`,
+		`{"node": "a b"}`, `{"node": "n", "expire": -1}`, `{}`, ``, `null`, `[]`, `{"node": 1}`,
+	} {
+		for _, verb := range events.APIVerbs {
+			f.Add(verb, []byte(seed))
+		}
+	}
+	f.Fuzz(func(t *testing.T, verb string, data []byte) {
+		c, err := events.ParseAPICall(verb, data)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("an error that says nothing")
+			}
+			return
+		}
+		switch verb {
+		case events.APITake:
+			if c.Node == "" || c.Request == "" {
+				t.Fatalf("take accepted without node and request: %+v", c)
+			}
+		case events.APIDeleteRequest, events.APIRenewRequest:
+			if c.Request == "" || c.Node != "" {
+				t.Fatalf("%s accepted %+v", verb, c)
+			}
+		default:
+			if c.Node == "" || c.Request != "" {
+				t.Fatalf("%s accepted %+v", verb, c)
+			}
+		}
+		if len(c.Holder) > events.MaxHolder || (c.Expire != nil && *c.Expire < 0) {
+			t.Fatalf("accepted %+v", c)
+		}
 	})
 }

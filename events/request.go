@@ -66,6 +66,49 @@ func ValidID(id string) bool {
 	return idRE.MatchString(id) && !strings.HasPrefix(id, ".") && !strings.HasSuffix(id, ".") && !strings.Contains(id, "..")
 }
 
+// ReservedID reports whether an id is one the service gives to requests
+// published without one (ten digits, their stream sequence): no client
+// may choose it, so no client can take it first.
+func ReservedID(id string) bool { return reservedRE.MatchString(id) }
+
+var reservedRE = regexp.MustCompile(`^\d{10}$`)
+
+// Anonymous is the owner of requests published on NewRequestSubject, and
+// the identity of a client that has none of its own.
+const Anonymous = "anonymous"
+
+var ownerRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidOwner reports whether a requestor identity can be one token of a
+// subject: 1 to 64 of A-Z a-z 0-9 _ -.
+func ValidOwner(owner string) bool { return ownerRE.MatchString(owner) }
+
+// RequestSubject is where a requestor with this identity publishes its
+// requests.
+func RequestSubject(owner string) string {
+	if owner == "" || owner == Anonymous {
+		return NewRequestSubject
+	}
+	return "nodepool.requests." + owner + ".new"
+}
+
+// OwnerOfRequestSubject is the owner of a request published on a subject,
+// and whether the subject is one requests are published on.
+func OwnerOfRequestSubject(subject string) (string, bool) {
+	if subject == NewRequestSubject {
+		return Anonymous, true
+	}
+	rest, ok := strings.CutPrefix(subject, "nodepool.requests.")
+	if !ok {
+		return "", false
+	}
+	owner, ok := strings.CutSuffix(rest, ".new")
+	if !ok || !ValidOwner(owner) {
+		return "", false
+	}
+	return owner, true
+}
+
 // RequestID is the id of a request published without one: its stream
 // sequence, zero-padded to 10 digits.
 func RequestID(seq uint64) string { return fmt.Sprintf("%010d", seq) }
@@ -84,7 +127,7 @@ func ParseRequest(data []byte) (RequestMessage, error) {
 			ID string `json:"id"`
 		}
 		m = RequestMessage{}
-		if json.Unmarshal(data, &idOnly) == nil && ValidID(idOnly.ID) {
+		if json.Unmarshal(data, &idOnly) == nil && ValidID(idOnly.ID) && !ReservedID(idOnly.ID) {
 			m.ID = idOnly.ID
 		}
 		return m, fmt.Errorf("not a valid request: %s", describeJSONError(err))
@@ -93,7 +136,7 @@ func ParseRequest(data []byte) (RequestMessage, error) {
 		return RequestMessage{}, errors.New("not a valid request: extra data after the JSON object")
 	}
 	if err := m.Validate(); err != nil {
-		if !ValidID(m.ID) {
+		if !ValidID(m.ID) || ReservedID(m.ID) {
 			m.ID = ""
 		}
 		return m, err
@@ -145,6 +188,8 @@ func (m *RequestMessage) Validate() error {
 	var problems []string
 	if m.ID != "" && !ValidID(m.ID) {
 		problems = append(problems, fmt.Sprintf("id %q is not valid: expected 1 to 64 of A-Z a-z 0-9 _ . - (no leading, trailing or double dot)", m.ID))
+	} else if ReservedID(m.ID) {
+		problems = append(problems, fmt.Sprintf("id %q is reserved: ids of ten digits are given to requests published without an id; choose another", m.ID))
 	}
 	if len(m.Labels) == 0 {
 		problems = append(problems, "labels: required; expected a list with one label per node wanted")
@@ -176,6 +221,15 @@ func (m *RequestMessage) Validate() error {
 // resubmission within the stream's duplicate window is a no-op, and the
 // stream answers it with the sequence of the first.
 func PublishRequest(ctx context.Context, js jetstream.JetStream, m RequestMessage) (string, error) {
+	return PublishOwnedRequest(ctx, js, Anonymous, m)
+}
+
+// PublishOwnedRequest is PublishRequest under a requestor's identity (on
+// its subject, RequestSubject).
+func PublishOwnedRequest(ctx context.Context, js jetstream.JetStream, owner string, m RequestMessage) (string, error) {
+	if owner != Anonymous && !ValidOwner(owner) {
+		return "", fmt.Errorf("invalid requestor identity %q: expected 1 to 64 of A-Z a-z 0-9 _ -", owner)
+	}
 	if err := m.Validate(); err != nil {
 		return "", fmt.Errorf("invalid request: %w", err)
 	}
@@ -188,7 +242,7 @@ func PublishRequest(ctx context.Context, js jetstream.JetStream, m RequestMessag
 		msgID = nuid.Next()
 	}
 	ack, err := natsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
-		msg := &nats.Msg{Subject: NewRequestSubject, Data: data, Header: nats.Header{}}
+		msg := &nats.Msg{Subject: RequestSubject(owner), Data: data, Header: nats.Header{}}
 		return js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))
 	})
 	if err != nil {

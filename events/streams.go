@@ -19,8 +19,15 @@ import (
 const (
 	RequestsStream  = "NODEPOOL_REQUESTS"
 	RequestsSubject = "nodepool.requests.>"
-	// NewRequestSubject is where clients publish node requests.
+	// NewRequestSubject is where clients without an identity of their
+	// own publish node requests (their owner is Anonymous).
 	NewRequestSubject = "nodepool.requests.new"
+	// OwnedRequestSubjects is where a requestor publishes requests under
+	// its identity: nodepool.requests.<owner>.new (nats.conf lets each
+	// requestor user publish on its own only).
+	OwnedRequestSubjects = "nodepool.requests.*.new"
+	// APISubjects are the requestor's endpoints: nodepool.api.<owner>.<verb>.
+	APISubjects = "nodepool.api.*.*"
 
 	BuildsStream   = "NODEPOOL_BUILDS"
 	BuildsSubject  = "nodepool.builds.>"

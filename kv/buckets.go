@@ -79,6 +79,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 		if _, err := EnsureBucket(ctx, js, cfg, log); err != nil {
 			return nil, err
 		}
+		if err := limitConsumers(ctx, js, cfg.Bucket); err != nil {
+			return nil, err
+		}
 	}
 	b, err := Open(ctx, js)
 	if err != nil {
@@ -97,6 +100,42 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 			"configured", o.LeaseTTL, "buckets", b.LeaseTTL)
 	}
 	return b, nil
+}
+
+// Consumer limits of the buckets' streams. Requestors may watch the
+// records, which makes a consumer per watch; the limits bound what a
+// buggy or hostile one can make: how many, and how long one lives idle
+// (a watch ends, or its consumer goes after this long without use). The
+// service's own consumers are as bound: its durable node-lifecycle
+// consumer is made again at every start if all launchers were down for
+// longer (it redelivers the last change of every node: nothing is lost).
+const (
+	MaxBucketConsumers    = 10000
+	MaxConsumerInactivity = 24 * time.Hour
+)
+
+// limitConsumers sets the consumer limits of a bucket's stream, unless
+// they are set already (as these or by an operator).
+func limitConsumers(ctx context.Context, js jetstream.JetStream, bucket string) error {
+	name := "KV_" + bucket
+	st, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
+	if err != nil {
+		return fmt.Errorf("opening the stream of bucket %s: %w", bucket, err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.MaxConsumers > 0 && cfg.ConsumerLimits.InactiveThreshold > 0 {
+		return nil
+	}
+	if cfg.MaxConsumers <= 0 {
+		cfg.MaxConsumers = MaxBucketConsumers
+	}
+	if cfg.ConsumerLimits.InactiveThreshold <= 0 {
+		cfg.ConsumerLimits.InactiveThreshold = MaxConsumerInactivity
+	}
+	if _, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, cfg) }); err != nil {
+		return fmt.Errorf("setting the consumer limits of bucket %s: %w", bucket, err)
+	}
+	return nil
 }
 
 // bucketTTL reads a bucket's TTL, waiting out what a cluster electing a

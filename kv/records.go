@@ -73,6 +73,10 @@ type Node struct {
 	Reason string `json:"reason,omitempty"`
 	// Attempt counts launch attempts so far (extension).
 	Attempt int `json:"attempt,omitempty"`
+	// Owner is the identity of the requestor that took the node (the
+	// owner of its request); only it may give it back, hold it or renew
+	// its lease through the requestor's endpoints (extension).
+	Owner string `json:"owner,omitempty"`
 	// ZooKeeperID is the id of the node's znode under /nodepool/nodes
 	// while the node is handed to Zuul through ZooKeeper (extension,
 	// written by the zookeeper role).
@@ -143,6 +147,11 @@ type Request struct {
 	// LeaseUntil, when set, is renewed by the requestor; a request whose
 	// lease ran out is treated as deleted and its nodes are freed.
 	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	// Owner is the identity of the requestor that published the request
+	// (from the subject it was published on, which nats.conf ties to a
+	// user); only it may take its nodes, delete it or renew its lease
+	// through the requestor's endpoints (extension).
+	Owner string `json:"owner,omitempty"`
 }
 
 // SetState changes the state and its timestamp.

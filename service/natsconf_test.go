@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
@@ -65,6 +66,20 @@ func TestProductionNatsConfig(t *testing.T) {
 	if err := c.Return(rctx, nodes[0].ID); err != nil {
 		t.Fatalf("returning as requestor: %v", err)
 	}
+	if c.Owner != "requestor" {
+		t.Errorf("the client's identity is %q; want the NATS user, requestor", c.Owner)
+	}
+
+	// The watches a requestor may make are bounded: a consumer meant to
+	// live idle for a year is refused by the bucket's limits.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = js.CreateConsumer(rctx, "KV_nodepool-nodes", jetstream.ConsumerConfig{Name: "year-long", InactiveThreshold: 365 * 24 * time.Hour})
+	if err == nil || !strings.Contains(err.Error(), "inactive threshold") {
+		t.Errorf("a year-long consumer on the nodes bucket: %v", err)
+	}
 	// The request and the node went through the launcher, which renewed its
 	// heartbeat and leases meanwhile (acknowledged by the server with
 	// replies naming the stream) and read the request stream.
@@ -93,12 +108,25 @@ func TestProductionNatsConfig(t *testing.T) {
 	}
 	defer bad.Close()
 	for _, tc := range []struct{ what, subject string }{
+		{"write a node record", "$KV.nodepool-nodes.n1"},
+		{"roll a bucket up (erase every record)", "$KV.nodepool-nodes.x"},
+		{"write a request record", "$KV.nodepool-requests.r1"},
+		{"publish a request as anonymous", "nodepool.requests.new"},
+		{"publish a request as another requestor", "nodepool.requests.other.new"},
+		{"call another requestor's endpoint", "nodepool.api.other.take"},
+		{"call the anonymous endpoints", "nodepool.api.anonymous.return"},
+		{"delete the node-lifecycle consumer", "$JS.API.CONSUMER.DELETE.KV_nodepool-nodes.node-lifecycle"},
+		{"re-make the node-lifecycle consumer", "$JS.API.CONSUMER.CREATE.KV_nodepool-nodes.node-lifecycle"},
+		{"re-make the node-lifecycle consumer with a filter", "$JS.API.CONSUMER.CREATE.KV_nodepool-nodes.node-lifecycle.$KV.nodepool-nodes.>"},
+		{"create a durable consumer", "$JS.API.CONSUMER.DURABLE.CREATE.KV_nodepool-nodes.mine"},
+		{"create a consumer named in its body", "$JS.API.CONSUMER.CREATE.KV_nodepool-nodes"},
 		{"write a component record", "$KV.nodepool-components.fake"},
 		{"take a lease", "$KV.nodepool-locks.pool.p.main"},
 		{"write an image record", "$KV.nodepool-images.debian"},
 		{"trigger an image build", "nodepool.builds.debian"},
 		{"trigger an upload", "nodepool.uploads.debian.p"},
 		{"publish on another request subject", "nodepool.requests.other"},
+		{"pause a consumer", "$JS.API.CONSUMER.PAUSE.KV_nodepool-nodes.node-lifecycle"},
 		{"read a lease", "$JS.API.DIRECT.GET.KV_nodepool-locks.$KV.nodepool-locks.pool.p.main"},
 		{"read the request stream", "$JS.API.CONSUMER.CREATE.NODEPOOL_REQUESTS.x.nodepool.requests.>"},
 		{"read the image files", "$JS.API.CONSUMER.CREATE.OBJ_nodepool-image-files.x.$O.nodepool-image-files.C.>"},
@@ -111,7 +139,12 @@ func TestProductionNatsConfig(t *testing.T) {
 		{"acknowledge a message", "$JS.ACK.NODEPOOL_REQUESTS.intake.1.1.1.1.0"},
 		{"publish outside nodepool's subjects", "foo.bar"},
 	} {
-		if err := bad.Publish(tc.subject, []byte("{}")); err != nil {
+		msg := nats.NewMsg(tc.subject)
+		msg.Data = []byte("{}")
+		if strings.HasPrefix(tc.subject, "$KV.") {
+			msg.Header.Set("Nats-Rollup", "all")
+		}
+		if err := bad.PublishMsg(msg); err != nil {
 			t.Fatal(err)
 		}
 		select {

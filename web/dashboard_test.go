@@ -91,7 +91,7 @@ func TestDashboardLive(t *testing.T) {
 	}
 
 	// A hold is visible at a glance.
-	if _, err := s.client.Hold(t.Context(), ready.ID, "debugging the dashboard", time.Hour); err != nil {
+	if _, err := s.client.HoldAny(t.Context(), ready.ID, "debugging the dashboard", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, "the held node in the attention panel",

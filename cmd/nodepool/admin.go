@@ -166,7 +166,11 @@ func (a *app) returnCmd() *cobra.Command {
 		Short: "Give nodes back (state used); nodepool deletes them",
 		Long: `Give nodes back (state used); nodepool then deletes them. A node that
 someone else holds (in use by another holder, or ready and allocated to a
-request), or that is on hold, is refused unless --force.`,
+request), or that is on hold, is refused unless --force. Without --force
+the node goes back through the requestor's return endpoint
+(nodepool.api.<owner>.return), which lets a requestor give back only the
+nodes it took; --force writes the node's record directly, which only
+operators' (and the service's) credentials may do.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			return a.eachNode(cmd.Context(), ids, "return", "returned", func(c *client.Client, id string) error {
@@ -192,7 +196,7 @@ func (a *app) holdCmd() *cobra.Command {
 				return fmt.Errorf("--expire: expected a positive duration such as 2h, got %s", expire)
 			}
 			return a.eachNode(cmd.Context(), ids, "hold", "held", func(c *client.Client, id string) error {
-				_, err := c.Hold(cmd.Context(), id, reason, expire)
+				_, err := c.HoldAny(cmd.Context(), id, reason, expire)
 				return err
 			})
 		},
@@ -235,7 +239,7 @@ func (a *app) requestDeleteCmd() *cobra.Command {
 			defer c.Close()
 			failed := 0
 			for _, id := range ids {
-				err := c.DeleteRequest(cmd.Context(), id)
+				err := c.DeleteAnyRequest(cmd.Context(), id)
 				if errors.Is(err, kv.ErrNotFound) {
 					err = fmt.Errorf("no request %q (see nodepool request-list)", id)
 				}

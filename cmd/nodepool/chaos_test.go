@@ -248,7 +248,7 @@ func TestChaos(t *testing.T) {
 					err = fmt.Errorf("nodepool hold: %s", errOut)
 				}
 			case hold:
-				_, err = rec.client.Hold(ctx, picked.ID, "chaos", time.Duration(1+rng.IntN(3))*time.Second)
+				_, err = rec.client.HoldAny(ctx, picked.ID, "chaos", time.Duration(1+rng.IntN(3))*time.Second)
 			case viaCLI:
 				_, errOut, code := nodepool(t, cli, "delete", "--force", picked.ID)
 				if code != 0 {

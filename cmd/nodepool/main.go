@@ -94,6 +94,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	pf.StringVar(&a.flags.NatsTLSCert, "nats-tls-cert", "", "NATS client certificate [NODEPOOL_NATS_TLS_CERT]")
 	pf.StringVar(&a.flags.NatsTLSKey, "nats-tls-key", "", "NATS client key [NODEPOOL_NATS_TLS_KEY]")
 	pf.StringVar(&a.flags.NatsListen, "nats-listen", "", "address of the embedded NATS server [NODEPOOL_NATS_LISTEN] (default 127.0.0.1:4222)")
+	pf.StringVar(&a.flags.Owner, "owner", "", "requestor identity of the client commands: requests on nodepool.requests.<owner>.new, nodes through nodepool.api.<owner>.* [NODEPOOL_OWNER] (default: the user of the NATS URL, else anonymous)")
 	pf.StringVarP(&a.flags.Config, "config", "c", "", "path of nodepool.yaml [NODEPOOL_CONFIG] (default ./nodepool.yaml)")
 	pf.StringVarP(&a.flags.Secure, "secure", "s", "", "secure file merged over nodepool.yaml, as Nodepool's -s [NODEPOOL_SECURE] (default none)")
 	pf.StringVar(&a.flags.LogLevel, "log-level", "", "debug, info, warn or error [NODEPOOL_LOG_LEVEL] (default info)")
@@ -109,7 +110,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 // flagNames maps Settings fields to their flag names.
 var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
-	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
+	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Owner": "owner", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
 	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "PprofAddr": "pprof-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
 	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
