@@ -27,6 +27,9 @@ import (
 	"github.com/nodepool-nats/nodepool/metrics"
 )
 
+// DefaultFailedRequestAge is how long a failed request is kept by default.
+const DefaultFailedRequestAge = 24 * time.Hour
+
 // Requestor names used by nodepool itself.
 const (
 	MinReadyRequestor = "NodePool:min-ready"
@@ -44,6 +47,11 @@ type Options struct {
 	LeaseTTL time.Duration
 	// SyncInterval is how often periodic sweeps run.
 	SyncInterval time.Duration
+	// FailedRequestAge is how long a failed request is kept before
+	// cleanup deletes it (default a day).
+	FailedRequestAge time.Duration
+	// Now is the clock request ages are measured by (default time.Now).
+	Now func() time.Time
 	// Version is reported in the component record.
 	Version string
 	// Roles are the process's roles, reported in the component record
@@ -125,6 +133,12 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	}
 	if opts.SyncInterval == 0 {
 		opts.SyncInterval = 5 * time.Second
+	}
+	if opts.FailedRequestAge == 0 {
+		opts.FailedRequestAge = DefaultFailedRequestAge
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	log := opts.Log.With("launcher", opts.ID)
 	if opts.Pacer == nil {
