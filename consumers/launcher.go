@@ -153,7 +153,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
 		images:     newImageIndex(b, log),
-		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
@@ -164,6 +163,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		return nil, err
 	}
 	l.snap.Store(snap)
+	l.metrics = metrics.NewLauncher(opts.Metrics, l.config)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
 	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{
