@@ -268,8 +268,8 @@ func (b *Builder) Running() bool { return b.up.Load() }
 // expire first, so that the next worker finds the work orphaned.
 func (b *Builder) ackWait() time.Duration { return max(3*b.opts.LeaseTTL, 3*time.Second) }
 
-// keepAliveEvery is how often a running build or upload renews its lease
-// and its message.
+// keepAliveEvery is how often a running build or upload tells the server
+// that its message is still being worked on.
 func (b *Builder) keepAliveEvery() time.Duration { return b.opts.LeaseTTL / 3 }
 
 // Run runs the builder's worker groups until ctx ends. Builds and uploads
@@ -575,45 +575,32 @@ func (b *Builder) keepHeartbeat(ctx context.Context) {
 	}
 }
 
-// keepAlive renews a lease and tells the server a message is still being
-// worked on, until stop is closed. It cancels work when the lease is lost
-// (or may be about to expire), since another process may then take over.
+// keepAlive keeps a lease (renewed every quarter of the TTL, see
+// kv.Lease.Keep) and tells the server every keepAliveEvery that a message
+// is still being worked on, until stop is called. It cancels the work as
+// soon as the lease may be lost (taken, or not renewed in time: a third of
+// the TTL before it can expire), since another process may then take over.
 func (b *Builder) keepAlive(ctx context.Context, msg jetstream.Msg, lease *kv.Lease, cancel context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		every := b.keepAliveEvery()
-		t := time.NewTicker(every)
+	kctx, stopKeep := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		lease.Keep(kctx, func(err error) { cancel(fmt.Errorf("%w: %v", errLeaseLost, err)) })
+	})
+	wg.Go(func() {
+		t := time.NewTicker(b.keepAliveEvery())
 		defer t.Stop()
-		lastRenew := time.Now()
 		for {
 			select {
-			case <-done:
-				return
-			case <-ctx.Done():
+			case <-kctx.Done():
 				return
 			case <-t.C:
-			}
-			_ = msg.InProgress()
-			rctx, rcancel := context.WithTimeout(ctx, every)
-			err := lease.Renew(rctx)
-			rcancel()
-			switch {
-			case err == nil:
-				lastRenew = time.Now()
-			case errors.Is(err, kv.ErrConflict) || errors.Is(err, kv.ErrNotFound):
-				cancel(fmt.Errorf("%w: %v", errLeaseLost, err))
-				return
-			case time.Since(lastRenew) > b.opts.LeaseTTL-every:
-				cancel(fmt.Errorf("%w: could not renew it in time: %v", errLeaseLost, err))
-				return
+				_ = msg.InProgress()
 			}
 		}
-	}()
+	})
 	return func() {
-		close(done)
-		<-finished
+		stopKeep()
+		wg.Wait()
 	}
 }
 

@@ -132,6 +132,7 @@ func TestSettings(t *testing.T) {
 		{"bad id", map[string]string{"NODEPOOL_ID": "a b"}, `NODEPOOL_ID "a b" is not valid`},
 		{"creds without url", map[string]string{"NODEPOOL_NATS_CREDS": "/x"}, "set NODEPOOL_NATS_URL too"},
 		{"short lease", map[string]string{"NODEPOOL_LEASE_TTL": "100ms"}, "NODEPOOL_LEASE_TTL: expected at least 1s"},
+		{"failed request age", map[string]string{"NODEPOOL_FAILED_REQUEST_AGE": "0s"}, "NODEPOOL_FAILED_REQUEST_AGE: expected a positive duration, got 0s"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -150,7 +151,7 @@ func TestSettings(t *testing.T) {
 			}
 			if c.want == "" {
 				if s.NatsListen != "127.0.0.1:4222" || s.Config != "./nodepool.yaml" || s.DataDir != "./data" ||
-					len(s.Roles) != 0 || s.ID == "" || s.HTTPAddr != "127.0.0.1:8005" {
+					len(s.Roles) != 0 || s.ID == "" || s.HTTPAddr != "127.0.0.1:8005" || s.FailedRequestAge != 24*time.Hour {
 					t.Errorf("defaults = %+v", s)
 				}
 			}

@@ -54,6 +54,9 @@ type Settings struct {
 	LogLevel     string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat    string        `envconfig:"LOG_FORMAT" default:"text" desc:"text or json"`
 	SyncInterval time.Duration `envconfig:"SYNC_INTERVAL" default:"5s" desc:"how often periodic sweeps run (cleanup, min-ready, lost work)"`
+	// FailedRequestAge is how long a failed request record is kept (from
+	// its state_time) before cleanup deletes it.
+	FailedRequestAge time.Duration `envconfig:"FAILED_REQUEST_AGE" default:"24h" desc:"how long a failed request is kept before cleanup deletes it"`
 	// The builder role's worker groups: builds and uploads this process
 	// runs at once (0: none).
 	BuildWorkers  int `envconfig:"BUILD_WORKERS" default:"1" desc:"image builds this process runs at once (builder role)"`
@@ -120,6 +123,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.SyncInterval <= 0 {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_SYNC_INTERVAL: expected a positive duration, got %s", s.SyncInterval))
+	}
+	if s.FailedRequestAge <= 0 {
+		problems = append(problems, fmt.Sprintf("NODEPOOL_FAILED_REQUEST_AGE: expected a positive duration, got %s", s.FailedRequestAge))
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, s.LogLevel) {
 		problems = append(problems, fmt.Sprintf("NODEPOOL_LOG_LEVEL: expected debug, info, warn or error, got %q", s.LogLevel))

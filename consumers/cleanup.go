@@ -26,7 +26,9 @@ import (
 //   - instances tagged as ours without a node record (or not the instance
 //     their node records) are deleted on their second sighting;
 //   - requests pending in a pool that no live launcher serves go back to
-//     requested; waiting requests that every live pool declined fail.
+//     requested; waiting requests that every live pool declined fail;
+//     requests whose lease ran out, and failed requests older than
+//     FailedRequestAge, are deleted.
 type cleanup struct {
 	l *Launcher
 	// suspects counts sightings of possibly leaked instances, by provider
@@ -249,22 +251,29 @@ func (c *cleanup) expire(ctx context.Context) {
 	}
 }
 
-// expireRequests deletes requests whose lease ran out: their requestor
-// stopped renewing lease_until, so it is gone. Nodes allocated to them and
-// not taken are freed as for any deleted request.
+// expireRequests deletes requests whose lease ran out (their requestor
+// stopped renewing lease_until, so it is gone; nodes allocated to them and
+// not taken are freed as for any deleted request) and failed requests
+// older than FailedRequestAge (from their state_time), which nobody else
+// deletes when their requestor does not.
 func (c *cleanup) expireRequests(ctx context.Context) {
 	l := c.l
-	now := time.Now()
+	now := l.opts.Now()
 	var due []kv.Entry[kv.Request]
 	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
-		if requestExpired(&e.Value, now) {
+		if requestExpired(&e.Value, now) || failedLongAgo(&e.Value, now, l.opts.FailedRequestAge) {
 			due = append(due, *e)
 		}
 		return true
 	})
 	for _, e := range due {
-		l.log.Info("request lease ran out; deleting the request", "request", e.Key, "requestor", e.Value.Requestor,
-			"lease_until", e.Value.LeaseUntil.Format(time.RFC3339))
+		if requestExpired(&e.Value, now) {
+			l.log.Info("request lease ran out; deleting the request", "request", e.Key, "requestor", e.Value.Requestor,
+				"lease_until", e.Value.LeaseUntil.Format(time.RFC3339))
+		} else {
+			l.log.Info("request failed long ago; deleting the request", "request", e.Key, "requestor", e.Value.Requestor,
+				"failed", e.Value.StateTime.Format(time.RFC3339), "failed_request_age", l.opts.FailedRequestAge)
+		}
 		if err := l.requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 			l.log.Warn("could not delete request", "request", e.Key, "err", err)
 		}
@@ -274,6 +283,19 @@ func (c *cleanup) expireRequests(ctx context.Context) {
 // requestExpired reports whether a request's lease ran out.
 func requestExpired(r *kv.Request, now time.Time) bool {
 	return r.LeaseUntil != nil && now.After(*r.LeaseUntil)
+}
+
+// failedLongAgo reports whether a request failed more than age ago (from
+// its state_time, or its creation when a record has no state_time).
+func failedLongAgo(r *kv.Request, now time.Time, age time.Duration) bool {
+	if r.State != kv.RequestFailed {
+		return false
+	}
+	since := r.StateTime
+	if since.IsZero() {
+		since = r.Created
+	}
+	return now.Sub(since) > age
 }
 
 // requests fails waiting requests that every live pool declined and puts

@@ -48,6 +48,9 @@ type harness struct {
 
 	// wrap, if set, wraps each driver of the launchers started from now.
 	wrap func(provider string, p drivers.Provider) drivers.Provider
+	// options, if set, changes the options of the launchers started from
+	// now.
+	options func(*consumers.Options)
 
 	mu        sync.Mutex
 	launchers []*launcher // started, running or not
@@ -174,10 +177,14 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	l, err := consumers.NewLauncher(js, b, consumers.Options{
+	opts := consumers.Options{
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
 		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
-	})
+	}
+	if h.options != nil {
+		h.options(&opts)
+	}
+	l, err := consumers.NewLauncher(js, b, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}

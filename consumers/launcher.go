@@ -27,6 +27,9 @@ import (
 	"github.com/nodepool-nats/nodepool/metrics"
 )
 
+// DefaultFailedRequestAge is how long a failed request is kept by default.
+const DefaultFailedRequestAge = 24 * time.Hour
+
 // Requestor names used by nodepool itself.
 const (
 	MinReadyRequestor = "NodePool:min-ready"
@@ -44,6 +47,11 @@ type Options struct {
 	LeaseTTL time.Duration
 	// SyncInterval is how often periodic sweeps run.
 	SyncInterval time.Duration
+	// FailedRequestAge is how long a failed request is kept before
+	// cleanup deletes it (default a day).
+	FailedRequestAge time.Duration
+	// Now is the clock request ages are measured by (default time.Now).
+	Now func() time.Time
 	// Version is reported in the component record.
 	Version string
 	// Roles are the process's roles, reported in the component record
@@ -126,6 +134,12 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.SyncInterval == 0 {
 		opts.SyncInterval = 5 * time.Second
 	}
+	if opts.FailedRequestAge == 0 {
+		opts.FailedRequestAge = DefaultFailedRequestAge
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	log := opts.Log.With("launcher", opts.ID)
 	if opts.Pacer == nil {
 		opts.Pacer = drivers.NewPacer(log)
@@ -139,7 +153,6 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		requests:   kv.NewCache(b.Requests, log),
 		components: kv.NewCache(b.Components, log),
 		images:     newImageIndex(b, log),
-		metrics:    metrics.NewLauncher(opts.Metrics),
 		paused:     map[string]bool{},
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
@@ -150,6 +163,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		return nil, err
 	}
 	l.snap.Store(snap)
+	l.metrics = metrics.NewLauncher(opts.Metrics, l.config)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
 	l.system = metrics.NewSystem(l.metrics.Registry(), metrics.SystemSource{

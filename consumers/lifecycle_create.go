@@ -103,11 +103,7 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 		}
 		waits = 0
 		if attemptErr != nil {
-			kind := drivers.ErrorKind(attemptErr)
-			if errors.As(attemptErr, new(bootTimeout)) {
-				kind = "boot_timeout"
-			}
-			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, kind)
+			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, failureKind(attemptErr))
 			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
 				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
 					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
@@ -183,6 +179,15 @@ type bootTimeout struct{ d time.Duration }
 
 func (e bootTimeout) Error() string { return fmt.Sprintf("not ready within boot-timeout %s", e.d) }
 
+// failureKind is the kind of a launch attempt's error in the metrics:
+// drivers.ErrorKind, or boot_timeout.
+func failureKind(err error) string {
+	if errors.As(err, new(bootTimeout)) {
+		return "boot_timeout"
+	}
+	return drivers.ErrorKind(err)
+}
+
 // launchEnded counts a launch that ended, with Nodepool's breakdowns.
 func (l *Launcher) launchEnded(n *kv.Node, result string) {
 	label := createRequest(n).Label
@@ -230,6 +235,7 @@ func (lc *lifecycle) lostDuringCreate(ctx context.Context, id string, drv driver
 // request it was launched for, with the reason.
 func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 	l := lc.l
+	l.metrics.LaunchFailed(n.Provider, failureKind(cause))
 	reason := fmt.Sprintf("node %s (%s in %s): %v", n.ID, strings.Join(n.Labels, ","), kv.PoolRef(n.Provider, n.Pool), cause)
 	if n.AllocatedTo != "" {
 		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {

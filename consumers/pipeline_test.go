@@ -343,10 +343,17 @@ providers:
       - name: main
         labels: [small]
 `)
-	h.startLauncher("l1")
+	l := h.startLauncher("l1")
 	_, err := h.client.Request(t.Context(), events.RequestMessage{ID: "doomed", Labels: []string{"small"}}, "tester")
 	if !errors.Is(err, client.ErrRequestFailed) || !strings.Contains(err.Error(), "after 2 attempt(s)") {
 		t.Fatalf("request error = %v, want failed after 2 attempts", err)
+	}
+	// One failed launch, of a cloud error, graphable by provider and kind.
+	if got := l.Metrics().Registry().Sum("nodepool_launch_failures_total", "provider=cloud1", "kind=other"); got != 1 {
+		t.Errorf("nodepool_launch_failures_total{provider=cloud1,kind=other} = %v, want 1", got)
+	}
+	if got := l.Metrics().Registry().Sum("nodepool_launch_failures_total"); got != 1 {
+		t.Errorf("nodepool_launch_failures_total = %v in all, want 1", got)
 	}
 	h.until(10*time.Second, "failed node and instances deleted", func() bool {
 		return h.nodes.Len() == 0 && h.instanceCount("cloud1") == 0

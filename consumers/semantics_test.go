@@ -424,12 +424,15 @@ providers:
     %s
     pools: [{name: p, labels: [small]}]
 `, c.keys))
-			h.startLauncher("l1")
+			l := h.startLauncher("l1")
 			id := h.submit(events.RequestMessage{Labels: []string{"small"}})
 			h.waitDone(30*time.Second, id)
 			r, _ := h.request(id)
 			if r.State != kv.RequestFailed || !strings.Contains(r.Reason, c.reason) {
 				t.Fatalf("request = %s %q, want failed with %q", r.State, r.Reason, c.reason)
+			}
+			if got := l.Metrics().Registry().Sum("nodepool_launch_failures_total", "provider=c", "kind=boot_timeout"); got != 1 {
+				t.Errorf("nodepool_launch_failures_total{provider=c,kind=boot_timeout} = %v, want 1", got)
 			}
 			h.until(10*time.Second, "nothing left", func() bool { return h.nodes.Len() == 0 && h.instanceCount("c") == 0 })
 			got := h.instancesEverCreated("c")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,42 +13,109 @@ import (
 
 // Lease is a key of the nodepool-locks bucket held by one process. The
 // bucket's TTL removes it when its holder stops renewing it; renewals are
-// revision-checked updates, so two processes can never both believe they
-// hold it for longer than one renewal interval.
+// revision-checked updates.
+//
+// The server keeps the key a TTL from the moment it stores a write, which
+// is after the holder sent it: measured from the send of its last write
+// that succeeded (the acquisition or a renewal), the holder knows a moment
+// before which nobody else can take the lease, whenever the answer came.
+// It acts only until two thirds of the TTL after that send (Until), and
+// renews every quarter of the TTL, so that two renewals in a row may fail
+// or be slow; past Until it steps down, on a timer of its own whatever the
+// renewal on its way is doing, a third of the TTL before anyone else may
+// take over.
 type Lease struct {
 	store  *Store[LeaseRecord]
 	key    string
 	holder string
 	ttl    time.Duration
-	rev    uint64
-	since  time.Time
+	clock  Clock
 	log    *slog.Logger
+
+	mu    sync.Mutex
+	rev   uint64
+	since time.Time // the acquisition, as recorded
+	sent  time.Time // when the last write that succeeded was sent (clock time)
 }
 
+// Clock is the time a lease goes by: the real one, or one a test moves
+// by hand.
+type Clock interface {
+	Now() time.Time
+	// After sends the time on the channel once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// LeaseOption changes how a lease is made.
+type LeaseOption func(*Lease)
+
+// WithClock makes a lease go by c instead of the real time.
+func WithClock(c Clock) LeaseOption { return func(l *Lease) { l.clock = c } }
+
 // NewLease prepares a lease on key for holder; ttl must be the bucket's TTL.
-func NewLease(store *Store[LeaseRecord], key, holder string, ttl time.Duration, log *slog.Logger) *Lease {
-	return &Lease{store: store, key: key, holder: holder, ttl: ttl, log: log.With("lease", key)}
+func NewLease(store *Store[LeaseRecord], key, holder string, ttl time.Duration, log *slog.Logger, opts ...LeaseOption) *Lease {
+	l := &Lease{store: store, key: key, holder: holder, ttl: ttl, clock: realClock{}, log: log.With("lease", key)}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
 }
 
 // Key is the lease's key.
 func (l *Lease) Key() string { return l.key }
 
+// actFor is how long after the send of its last write that succeeded the
+// holder may act on the lease: two thirds of the TTL, a third before the
+// lease can expire.
+func (l *Lease) actFor() time.Duration { return l.ttl * 2 / 3 }
+
+// renewEvery is the renewals' period: a quarter of the TTL, so that two
+// renewals in a row may fail or be slow before the holder steps down.
+func (l *Lease) renewEvery() time.Duration { return l.ttl / 4 }
+
+// Until is the moment the holder must stop acting on the lease unless a
+// renewal sent before then succeeds: two thirds of the TTL after the send
+// of the last write that succeeded. It is zero before the lease is taken.
+func (l *Lease) Until() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sent.IsZero() {
+		return time.Time{}
+	}
+	return l.sent.Add(l.actFor())
+}
+
+// wrote records a write that succeeded, sent at sent.
+func (l *Lease) wrote(rev uint64, sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rev = rev
+	if sent.After(l.sent) {
+		l.sent = sent
+	}
+}
+
 // TryAcquire takes the lease if nobody holds it, or if this holder held it
 // before (a restarted process with the same id). It reports whether the lease
-// is now held.
+// is now held; Until then says until when.
 func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
-	now := time.Now().UTC()
 	e, err := l.store.Get(ctx, l.key)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		rev, err := l.store.Create(ctx, l.key, &LeaseRecord{Holder: l.holder, Acquired: now, Renewed: now})
+		sent := l.clock.Now()
+		rev, err := l.store.Create(ctx, l.key, &LeaseRecord{Holder: l.holder, Acquired: sent.UTC(), Renewed: sent.UTC()})
 		if errors.Is(err, ErrExists) {
 			return false, nil
 		}
 		if err != nil {
 			return false, err
 		}
-		l.rev, l.since = rev, now
+		l.acquired(rev, sent)
 		return true, nil
 	case err != nil && !errors.Is(err, ErrBadRecord):
 		return false, err
@@ -55,42 +123,117 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	// Ours from a previous life, or garbage: take it over.
-	rev, err := l.store.Update(ctx, l.key, &LeaseRecord{Holder: l.holder, Acquired: now, Renewed: now}, e.Revision)
+	sent := l.clock.Now()
+	rev, err := l.store.Update(ctx, l.key, &LeaseRecord{Holder: l.holder, Acquired: sent.UTC(), Renewed: sent.UTC()}, e.Revision)
 	if errors.Is(err, ErrConflict) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	l.rev, l.since = rev, now
+	l.acquired(rev, sent)
 	return true, nil
+}
+
+func (l *Lease) acquired(rev uint64, sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rev, l.since, l.sent = rev, sent.UTC(), sent
 }
 
 // Renew extends a held lease. An ErrConflict or ErrNotFound means it was lost.
 func (l *Lease) Renew(ctx context.Context) error {
-	now := time.Now().UTC()
-	rec := &LeaseRecord{Holder: l.holder, Acquired: l.since, Renewed: now}
-	rev, err := l.store.Update(ctx, l.key, rec, l.rev)
+	sent := l.clock.Now()
+	l.mu.Lock()
+	rev, since := l.rev, l.since
+	l.mu.Unlock()
+	rec := &LeaseRecord{Holder: l.holder, Acquired: since, Renewed: sent.UTC()}
+	nrev, err := l.store.Update(ctx, l.key, rec, rev)
 	if errors.Is(err, ErrConflict) {
 		// A renewal whose answer did not come in time (a loaded cluster)
 		// may have landed all the same: the lease is still this
 		// holder's, from this acquisition, if the record says so.
 		e, gerr := l.store.Get(ctx, l.key)
-		if gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(l.since) {
-			rev, err = l.store.Update(ctx, l.key, rec, e.Revision)
+		if gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(since) {
+			nrev, err = l.store.Update(ctx, l.key, rec, e.Revision)
 		}
 	}
 	if err != nil {
 		return err
 	}
-	l.rev = rev
+	// The lease lives a TTL from when the server stored the write, which
+	// is after sent, whichever of the writes above it was.
+	l.wrote(nrev, sent)
 	return nil
 }
 
 // Release gives a held lease up at once, so another process need not wait
 // for the TTL.
 func (l *Lease) Release(ctx context.Context) error {
-	return l.store.Delete(ctx, l.key, l.rev)
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	return l.store.Delete(ctx, l.key, rev)
+}
+
+// Keep renews a held lease every quarter of the TTL until ctx ends. As
+// soon as the holder may no longer act on the lease it calls lost with the
+// reason, and returns: when a renewal finds the lease taken or gone, or at
+// Until, kept by a timer of its own, while no renewal sent before then has
+// succeeded (however long the one on its way takes).
+func (l *Lease) Keep(ctx context.Context, lost func(error)) {
+	every := l.renewEvery()
+	rctx, stop := context.WithCancel(ctx)
+	results := make(chan error, 1)
+	inFlight := false
+	defer func() {
+		stop()
+		if inFlight {
+			<-results
+		}
+	}()
+	renew := l.clock.After(every)
+	until := l.Until()
+	stepDown := l.clock.After(until.Sub(l.clock.Now()))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stepDown:
+			now := l.clock.Now()
+			if u := l.Until(); now.Before(u) {
+				until, stepDown = u, l.clock.After(u.Sub(now)) // renewed meanwhile
+				continue
+			}
+			lost(fmt.Errorf("no renewal sent in the last %s succeeded (every %s); the lease may expire %s after the last one that did",
+				l.actFor(), every, l.ttl-l.actFor()))
+			return
+		case <-renew:
+			renew = l.clock.After(every)
+			if inFlight {
+				continue // the last one is still on its way
+			}
+			inFlight = true
+			go func() {
+				c, cancel := context.WithTimeout(rctx, every)
+				defer cancel()
+				results <- l.Renew(c)
+			}()
+		case err := <-results:
+			inFlight = false
+			switch {
+			case err == nil:
+				if u := l.Until(); u.After(until) {
+					until, stepDown = u, l.clock.After(u.Sub(l.clock.Now()))
+				}
+			case errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound):
+				lost(fmt.Errorf("lease lost: %w", err))
+				return
+			case ctx.Err() == nil:
+				l.log.Debug("could not renew lease", "err", err, "steps_down_in", until.Sub(l.clock.Now()).Round(time.Millisecond))
+			}
+		}
+	}
 }
 
 // Elect runs fn whenever this process holds the lease, and cancels fn's
@@ -117,51 +260,35 @@ func (l *Lease) Elect(ctx context.Context, fn func(ctx context.Context)) {
 	}
 }
 
-// hold runs fn while renewing the lease.
+// hold runs fn while keeping the lease, then releases it.
 func (l *Lease) hold(ctx context.Context, fn func(ctx context.Context)) {
-	lctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn(lctx)
-	}()
-	interval := l.ttl / 3
-	lastRenew := time.Now()
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-done:
-			break loop
-		case <-ticker.C:
-			rctx, rcancel := context.WithTimeout(ctx, interval)
-			err := l.Renew(rctx)
-			rcancel()
-			if err == nil {
-				lastRenew = time.Now()
-				continue
-			}
-			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-				l.log.Warn("lease lost", "err", err)
-				cancel()
-				<-done
-				return
-			}
-			// A passing error: keep going while the lease surely still
-			// lives, and step down before it may expire.
-			if time.Since(lastRenew) > l.ttl-interval {
-				l.log.Warn("lease could not be renewed in time; stepping down", "err", err)
-				cancel()
-				<-done
-				return
-			}
-		}
+	defer l.release(ctx)
+	if !l.clock.Now().Before(l.Until()) {
+		// The answer came too late to act on it (NATS is slow): let it go
+		// and try again.
+		l.log.Warn("lease taken too late to act on it; letting it go")
+		return
 	}
-	cancel()
-	<-done
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kctx, stopKeep := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		l.Keep(kctx, func(err error) {
+			if ctx.Err() == nil {
+				l.log.Warn("stepping down", "err", err)
+			}
+			cancel()
+		})
+	}()
+	fn(lctx)
+	stopKeep()
+	<-kept
+}
+
+// release gives the lease up after fn returned, unless it was lost.
+func (l *Lease) release(ctx context.Context) {
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer rcancel()
 	if err := l.Release(rctx); err != nil && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {

@@ -1,9 +1,13 @@
 package metrics
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodepool-nats/nodepool/config"
 )
 
 // Launch results, Nodepool's names (nodepool.launch.<result>).
@@ -16,6 +20,22 @@ const (
 	LaunchError = "error.unknown"
 )
 
+// LaunchFailureKinds are the kinds of nodepool_launch_failures_total: the
+// kind of error of a failed launch's last attempt (drivers.ErrorKind, and
+// boot_timeout for an instance not ready within boot-timeout).
+var LaunchFailureKinds = []string{"quota", "capacity", "boot_timeout", "timeout", "fatal", "not_found", "rate_limited", "uncertain", "other"}
+
+// Bounds of the values learnt from outside the configuration (see
+// firstSeen).
+const (
+	// maxAZs is how many availability zones, over every provider, keep
+	// their name in the launch series.
+	maxAZs = 64
+	// maxRequestors is how many requestors keep their name in the statsd
+	// names nodepool.launch.requestor.<requestor>.<result>.
+	maxRequestors = 20
+)
+
 // Request outcomes counted per pool.
 const (
 	RequestFulfilled = "fulfilled"
@@ -25,9 +45,13 @@ const (
 
 // Launcher is what one launcher process did since it started.
 type Launcher struct {
-	reg *Registry
+	reg        *Registry
+	cfg        func() *config.Config
+	azs        *firstSeen
+	requestors *firstSeen
 
 	launches       *prometheus.HistogramVec
+	launchFailures *prometheus.CounterVec
 	attemptsFailed *prometheus.CounterVec
 	cloudWaits     *prometheus.CounterVec
 	received       prometheus.Counter
@@ -47,15 +71,23 @@ var launchBuckets = []float64{.1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 
 var passBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5}
 
 // NewLauncher registers a launcher's series in r (a private registry when
-// r is nil).
-func NewLauncher(r *Registry) *Launcher {
+// r is nil). cfg is the configuration in force: provider and label names
+// that it does not have are counted as Other.
+func NewLauncher(r *Registry, cfg func() *config.Config) *Launcher {
 	r = orNew(r)
-	m := &Launcher{reg: r,
+	if cfg == nil {
+		cfg = func() *config.Config { return &config.Config{} }
+	}
+	m := &Launcher{reg: r, cfg: cfg, azs: newFirstSeen(maxAZs), requestors: newFirstSeen(maxRequestors),
 		launches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "nodepool_launch_duration_seconds",
-			Help:    "Launches this process ended, from the node's creation to ready or failed; _count counts them. By result (ready, error.quota, error.unknown), provider, availability zone, label, image and requestor.",
+			Help:    "Launches this process ended, from the node's creation to ready or failed; _count counts them. By result (ready, error.quota, error.unknown), provider, availability zone, label and image.",
 			Buckets: launchBuckets,
-		}, []string{"result", "provider", "az", "label", "image", "requestor"}),
+		}, []string{"result", "provider", "az", "label", "image"}),
+		launchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodepool_launch_failures_total",
+			Help: "Launches this process failed for good (the node failed after its last attempt), by provider and kind of the last attempt's error (" + strings.Join(LaunchFailureKinds, ", ") + ").",
+		}, []string{"provider", "kind"}),
 		attemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodepool_launch_attempts_failed_total",
 			Help: "Launch attempts that failed (each failed attempt is retried up to launch-retries), by provider, label and error kind.",
@@ -95,8 +127,43 @@ func NewLauncher(r *Registry) *Launcher {
 			Help: "Nodes whose instance the cloud takes back (spot interruptions) that this process acted on: replaced (a ready node) or told (its reason set), by provider and action.",
 		}, []string{"provider", "action"}),
 	}
-	r.prom.MustRegister(m.launches, m.attemptsFailed, m.cloudWaits, m.received, m.requests, m.fulfilTime, m.allocated, m.deleted, m.passes, m.interruptions)
+	r.prom.MustRegister(m.launches, m.launchFailures, m.attemptsFailed, m.cloudWaits, m.received, m.requests, m.fulfilTime, m.allocated, m.deleted, m.passes, m.interruptions)
+	// Failures start at zero for every provider, so that a graph of
+	// their rate starts with the first one.
+	for _, p := range cfg().Providers {
+		for _, k := range LaunchFailureKinds {
+			m.launchFailures.WithLabelValues(p.Name, k)
+		}
+	}
 	return m
+}
+
+// provider is a provider's name if the configuration has it, else Other.
+func (m *Launcher) provider(name string) string {
+	if _, ok := m.cfg().Provider(name); ok {
+		return name
+	}
+	return Other
+}
+
+// label is a label's name if the configuration has it, else Other.
+func (m *Launcher) label(name string) string {
+	if _, ok := m.cfg().Label(name); ok {
+		return name
+	}
+	return Other
+}
+
+// az is an availability zone as the cloud reported it, if it is one of the
+// first maxAZs seen (of a provider in the configuration), else Other.
+func (m *Launcher) az(provider, az string) string {
+	if az == "" {
+		return ""
+	}
+	if provider == Other || m.azs.name(provider+"/"+az) == Other {
+		return Other
+	}
+	return az
 }
 
 // Registry is the registry the series are in.
@@ -106,9 +173,15 @@ func (m *Launcher) Registry() *Registry { return m.reg }
 // nodepool.launch.provider.<provider>.<result>,
 // nodepool.launch.provider.<provider>.<az>.<result>,
 // nodepool.launch.image.<image>.<result> and
-// nodepool.launch.requestor.<requestor>.<result> (counter and timer).
+// nodepool.launch.requestor.<requestor>.<result> (counter and timer). image
+// comes from the configuration; provider and label names it does not have
+// are Other; the requestor (free text of whoever published the request)
+// is in statsd only, and only the first maxRequestors of them keep their
+// name.
 func (m *Launcher) Launch(result, provider, az, label, image, requestor string, took time.Duration) {
-	m.launches.WithLabelValues(result, provider, az, label, image, requestor).Observe(took.Seconds())
+	provider, label = m.provider(provider), m.label(label)
+	az = m.az(provider, az)
+	m.launches.WithLabelValues(result, provider, az, label, image).Observe(took.Seconds())
 	sd := m.reg.statsd
 	if sd == nil {
 		return
@@ -121,7 +194,7 @@ func (m *Launcher) Launch(result, provider, az, label, image, requestor string, 
 		keys = append(keys, []string{"nodepool", "launch", "image", image, result})
 	}
 	if requestor != "" {
-		keys = append(keys, []string{"nodepool", "launch", "requestor", Normalize(requestor), result})
+		keys = append(keys, []string{"nodepool", "launch", "requestor", m.requestors.name(Normalize(requestor)), result})
 	}
 	for _, k := range keys {
 		sd.Timing(took, k...)
@@ -129,9 +202,18 @@ func (m *Launcher) Launch(result, provider, az, label, image, requestor string, 
 	}
 }
 
+// LaunchFailed counts a launch that failed for good, by the kind of its
+// last attempt's error (one of LaunchFailureKinds, else other).
+func (m *Launcher) LaunchFailed(provider, kind string) {
+	if !slices.Contains(LaunchFailureKinds, kind) {
+		kind = Other
+	}
+	m.launchFailures.WithLabelValues(m.provider(provider), kind).Inc()
+}
+
 // AttemptFailed records a failed launch attempt.
 func (m *Launcher) AttemptFailed(provider, label, kind string) {
-	m.attemptsFailed.WithLabelValues(provider, label, kind).Inc()
+	m.attemptsFailed.WithLabelValues(m.provider(provider), m.label(label), kind).Inc()
 }
 
 // CloudWait records a cloud's request to wait.
@@ -158,7 +240,7 @@ func (m *Launcher) Allocated(provider, pool string) {
 
 // NodeDeleted records a node deleted.
 func (m *Launcher) NodeDeleted(provider, label string) {
-	m.deleted.WithLabelValues(provider, label).Inc()
+	m.deleted.WithLabelValues(m.provider(provider), m.label(label)).Inc()
 }
 
 // Interruption counts a node whose instance the cloud takes back: action

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,7 +166,9 @@ type figures struct {
 // figures computes every system gauge from the records. Every state of
 // every live pool and of each of its labels is there, at zero when no
 // node is in it, so that graphs show zeros rather than gaps (as
-// Nodepool's gauges do).
+// Nodepool's gauges do). A record's provider, pool, label or state that
+// neither the configuration nor a live pool has is counted as Other: a
+// record cannot make new series.
 func (s *System) figures() figures {
 	f := figures{
 		nodes: map[poolState]int{}, labelNodes: map[labelState]int{}, requests: map[string]int{},
@@ -194,11 +197,17 @@ func (s *System) figures() figures {
 	}
 	cfg := s.src.Config()
 	limited := map[poolKey]bool{}
+	known := newKnownNames(pools)
 	if cfg != nil {
+		for _, lb := range cfg.Labels {
+			known.labels[lb.Name] = true
+		}
 		for _, prov := range cfg.Providers {
+			known.providers[prov.Name] = true
 			for _, pool := range prov.Pools {
 				k := poolKey{prov.Name, pool.Name}
 				limited[k] = true
+				known.pools[k] = true
 				for res, v := range map[string]int{"instances": pool.MaxServers, "cores": pool.MaxCores, "ram": pool.MaxRAM} {
 					if v != config.Unlimited {
 						f.quotaLimit[poolResource{prov.Name, pool.Name, res}] = max(v, 0)
@@ -219,10 +228,11 @@ func (s *System) figures() figures {
 		}
 	}
 	s.src.Nodes(func(n *kv.Node) bool {
-		st := string(n.State)
-		f.nodes[poolState{n.Provider, n.Pool, st}]++
+		st := known.nodeState(n.State)
+		provider, pool := known.pool(n.Provider, n.Pool)
+		f.nodes[poolState{provider, pool, st}]++
 		for _, lb := range n.Labels {
-			f.labelNodes[labelState{n.Provider, lb, st}]++
+			f.labelNodes[labelState{provider, known.label(lb), st}]++
 		}
 		if k := (poolKey{n.Provider, n.Pool}); limited[k] {
 			size := n.Resources
@@ -234,7 +244,7 @@ func (s *System) figures() figures {
 		return true
 	})
 	s.src.Requests(func(r *kv.Request) bool {
-		f.requests[string(r.State)]++
+		f.requests[known.requestState(r.State)]++
 		if r.State != kv.RequestRequested && r.State != kv.RequestPending {
 			return true
 		}
@@ -246,6 +256,58 @@ func (s *System) figures() figures {
 		return true
 	})
 	return f
+}
+
+// knownNames are the names labels may take: those of the configuration and
+// of the live pools (which other processes' configurations name).
+type knownNames struct {
+	providers map[string]bool
+	pools     map[poolKey]bool
+	labels    map[string]bool
+}
+
+func newKnownNames(pools []kv.ComponentPool) knownNames {
+	k := knownNames{providers: map[string]bool{}, pools: map[poolKey]bool{}, labels: map[string]bool{}}
+	for _, p := range pools {
+		k.providers[p.Provider] = true
+		k.pools[poolKey{p.Provider, p.Pool}] = true
+		for _, lb := range p.Labels {
+			k.labels[lb] = true
+		}
+	}
+	return k
+}
+
+// pool is a provider and pool as known, else Other for what is not.
+func (k knownNames) pool(provider, pool string) (string, string) {
+	switch {
+	case k.pools[poolKey{provider, pool}]:
+		return provider, pool
+	case k.providers[provider]:
+		return provider, Other
+	}
+	return Other, Other
+}
+
+func (k knownNames) label(name string) string {
+	if k.labels[name] {
+		return name
+	}
+	return Other
+}
+
+func (k knownNames) nodeState(st kv.NodeState) string {
+	if slices.Contains(NodeStates, st) {
+		return string(st)
+	}
+	return Other
+}
+
+func (k knownNames) requestState(st kv.RequestState) string {
+	if slices.Contains(RequestStates, st) {
+		return string(st)
+	}
+	return Other
 }
 
 func providesAll(have, want []string) bool {

@@ -150,7 +150,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
 			ID: s.ID, Config: cfg, Providers: p.providers, Pacer: pacer,
-			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
+			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 		})
 		if err != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/kv"
 )
 
 // browser starts Debian's chromium headless for a test. The test fails,
@@ -96,4 +98,43 @@ func TestDashboardLive(t *testing.T) {
 	}
 	waitJS(t, ctx, "the held node in the attention panel",
 		fmt.Sprintf(`document.querySelector('#attention [data-node-id=%q]')?.innerText.includes("debugging the dashboard")`, ready.ID))
+}
+
+// A provider whose launches keep failing is named at the top of the
+// attention panel, with how many requests it failed in the last hour and
+// the last reason; one that failed less often is not.
+func TestDashboardShowsAFailingProvider(t *testing.T) {
+	t.Parallel()
+	s := startSiteWith(t, true, strings.Replace(siteConfig, "  - name: slow\n", "  - name: slow\n  - name: doomed\n", 1)+`
+  - name: sick
+    driver: fake
+    failure-rate: 1
+    launch-retries: 1
+    pools:
+      - name: main
+        labels: [doomed]
+`)
+	ctx := browser(t)
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(s.http.URL+"/dashboard/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the event stream", `document.getElementById("conn").dataset.state === "live"`)
+	for i := range 3 {
+		id := fmt.Sprintf("doomed-%d", i)
+		if _, err := s.client.Submit(t.Context(), events.RequestMessage{ID: id, Labels: []string{"doomed"}}); err != nil {
+			t.Fatal(err)
+		}
+		s.waitFor(30*time.Second, id+" failed", func() bool {
+			e, ok := s.reqs.Get(id)
+			return ok && e.Value.State == kv.RequestFailed
+		})
+		if i < 2 {
+			waitJS(t, ctx, id+" in the attention panel", fmt.Sprintf(`document.querySelector('#attention')?.innerText.includes("request %s")`, id))
+			if shown, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!document.querySelector('[data-failing-provider]')`)); err != nil || shown {
+				t.Fatalf("a failing provider shown after %d failed requests (%v)", i+1, err)
+			}
+		}
+	}
+	waitJS(t, ctx, "the failing provider", `document.querySelector('[data-failing-provider="sick"]')?.innerText.includes("3 requests failed in the last hour")`)
+	waitJS(t, ctx, "the last reason", `document.querySelector('[data-failing-provider="sick"]')?.innerText.includes("launch failed after 1 attempt(s)")`)
 }

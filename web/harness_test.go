@@ -67,7 +67,13 @@ func testLog() *slog.Logger {
 // see it not ready).
 func startSite(t *testing.T, run bool) *site {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(siteConfig))
+	return startSiteWith(t, run, siteConfig)
+}
+
+// startSiteWith starts the process with a configuration of its own.
+func startSiteWith(t *testing.T, run bool, yaml string) *site {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}

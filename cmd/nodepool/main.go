@@ -112,7 +112,7 @@ var flagNames = map[string]string{
 	"NatsURL": "nats-url", "NatsCreds": "nats-creds", "NatsTLSCA": "nats-tls-ca", "NatsTLSCert": "nats-tls-cert",
 	"NatsTLSKey": "nats-tls-key", "NatsListen": "nats-listen", "Owner": "owner", "Config": "config", "Secure": "secure", "DataDir": "data-dir",
 	"Roles": "roles", "ID": "id", "HTTPAddr": "http-addr", "PprofAddr": "pprof-addr", "Replicas": "replicas", "LeaseTTL": "lease-ttl",
-	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval",
+	"LogLevel": "log-level", "LogFormat": "log-format", "SyncInterval": "sync-interval", "FailedRequestAge": "failed-request-age",
 	"BuildWorkers": "build-workers", "UploadWorkers": "upload-workers",
 }
 

@@ -73,6 +73,7 @@ func (a *app) daemonFlags(cmd *cobra.Command) {
 	f.IntVar(&a.flags.Replicas, "replicas", 0, "replicas of streams and buckets: 1, 3 or 5 [NODEPOOL_REPLICAS] (default 1)")
 	f.DurationVar(&a.flags.LeaseTTL, "lease-ttl", 0, "life of a lease or heartbeat without renewal [NODEPOOL_LEASE_TTL] (default 10s)")
 	f.DurationVar(&a.flags.SyncInterval, "sync-interval", 0, "period of the cleanup and reconciliation sweeps [NODEPOOL_SYNC_INTERVAL] (default 5s)")
+	f.DurationVar(&a.flags.FailedRequestAge, "failed-request-age", 0, "how long a failed request is kept before cleanup deletes it [NODEPOOL_FAILED_REQUEST_AGE] (default 24h)")
 }
 
 // gcPercent is the launcher's default GOGC: it holds every record in

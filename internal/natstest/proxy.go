@@ -19,7 +19,8 @@ import (
 // Cut closes the connections and refuses new ones, as a server that died
 // would; Stall stops forwarding without closing anything, as a network
 // partition would (what is sent meanwhile arrives when Restore is called,
-// as TCP delivers it once the path heals).
+// as TCP delivers it once the path heals); Delay makes what the server
+// sends arrive late, as a slow path back would.
 type Proxy struct {
 	t      testing.TB
 	ln     net.Listener
@@ -28,6 +29,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	cut    bool
 	resume chan struct{} // closed when a stall ends
+	delay  time.Duration // of what the server sends
 	conns  map[net.Conn]bool
 	pubs   []Publish
 }
@@ -88,15 +90,26 @@ func (p *Proxy) accept() {
 		p.mu.Unlock()
 		pr, pw := io.Pipe()
 		go p.parse(pr)
-		go p.pipe(s, c, pw) // client to server, read by the parser
-		go p.pipe(c, s, nil)
+		go p.pipe(s, c, pw, false) // client to server, read by the parser
+		go p.pipe(c, s, nil, true)
 	}
 }
 
-// pipe copies from src to dst, holding data while stalled; tap gets what
-// was forwarded.
-func (p *Proxy) pipe(dst, src net.Conn, tap *io.PipeWriter) {
+// chunk is what was read from one side, to be written to the other.
+type chunk struct {
+	data   []byte
+	due    time.Time     // not before (Delay)
+	resume chan struct{} // read during a stall: held until it ends
+}
+
+// pipe copies from src to dst, holding what is read while stalled until
+// the stall ends and, if delayed, what is read while a Delay is set until
+// it has passed; tap gets what was forwarded.
+func (p *Proxy) pipe(dst, src net.Conn, tap *io.PipeWriter, delayed bool) {
+	chunks := make(chan chunk, 256)
+	done := make(chan struct{})
 	defer func() {
+		close(done)
 		_ = dst.Close()
 		_ = src.Close()
 		if tap != nil {
@@ -107,27 +120,43 @@ func (p *Proxy) pipe(dst, src net.Conn, tap *io.PipeWriter) {
 		delete(p.conns, src)
 		p.mu.Unlock()
 	}()
-	buf := make([]byte, 32*1024)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			resume := p.resume
-			p.mu.Unlock()
-			if resume != nil {
-				<-resume
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-			if tap != nil {
-				if _, werr := tap.Write(buf[:n]); werr != nil {
+	go func() {
+		defer close(chunks)
+		buf := make([]byte, 32*1024)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				c := chunk{data: append([]byte(nil), buf[:n]...), resume: p.resume}
+				if delayed && p.delay > 0 {
+					c.due = time.Now().Add(p.delay)
+				}
+				p.mu.Unlock()
+				select {
+				case chunks <- c:
+				case <-done:
 					return
 				}
 			}
+			if err != nil {
+				return
+			}
 		}
-		if err != nil {
+	}()
+	for c := range chunks {
+		if d := time.Until(c.due); d > 0 {
+			time.Sleep(d) // the path's latency
+		}
+		if c.resume != nil {
+			<-c.resume
+		}
+		if _, err := dst.Write(c.data); err != nil {
 			return
+		}
+		if tap != nil {
+			if _, err := tap.Write(c.data); err != nil {
+				return
+			}
 		}
 	}
 }
@@ -187,6 +216,14 @@ func (p *Proxy) Stall() {
 	if p.resume == nil {
 		p.resume = make(chan struct{})
 	}
+}
+
+// Delay makes what the server sends from now on reach the clients d late
+// (0: at once); what is on its way when a Stall starts still arrives.
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
 }
 
 // Restore ends a Cut or a Stall.

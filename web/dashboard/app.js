@@ -51,8 +51,29 @@ function renderSummary() {
     `${nodes.length} nodes ${countBadges(counts(nodes, "state"))} · ${reqs.length} requests ${countBadges(counts(reqs, "state"))}`;
 }
 
+// failingProviders lists the providers with failingAfter or more requests
+// failed in the last hour (a request fails when its node's last launch
+// attempt failed), with the reason of the last one.
+const failingAfter = 3;
+function failingProviders(rows) {
+  const recent = new Map();
+  for (const r of state.requests.values()) {
+    if (r.state !== "failed" || !r.provider || Date.now() + skew - Date.parse(r.state_time) > 3600 * 1000) continue;
+    if (!recent.has(r.provider)) recent.set(r.provider, []);
+    recent.get(r.provider).push(r);
+  }
+  for (const [provider, failed] of [...recent.entries()].sort(([a], [b]) => a.localeCompare(b))) {
+    if (failed.length < failingAfter) continue;
+    const last = failed.reduce((a, b) => ((a.state_time || "") > (b.state_time || "") ? a : b));
+    rows.push(`<tr class="attention" data-failing-provider="${esc(provider)}"><td>provider ${esc(provider)}</td><td>${badge("failing")}</td>` +
+      `<td>${failed.length} requests failed in the last hour</td><td>${age(last.state_time)}</td>` +
+      `<td class="reason">the last: ${esc(last.reason)}</td></tr>`);
+  }
+}
+
 function renderAttention() {
   const rows = [];
+  failingProviders(rows);
   const nodes = [...state.nodes.values()].sort(byCreated);
   for (const n of nodes) {
     if (n.state === "hold") {
