@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,9 +30,9 @@ import (
 //     FailedRequestAge, are deleted.
 type cleanup struct {
 	l *Launcher
-	// suspects counts sightings of possibly leaked instances, by provider
-	// and external id.
-	suspects  map[string]int
+	// clouds runs each provider's cloud sweep on its own (see
+	// cloudSweeps).
+	clouds    *cloudSweeps
 	deleting  sync.Map
 	lastPurge time.Time
 	// orphanPools counts sweeps that found pending requests of a pool that
@@ -58,7 +57,6 @@ func (c *cleanup) run(ctx context.Context) {
 	if !c.l.syncCaches(ctx) {
 		return
 	}
-	c.suspects = map[string]int{}
 	c.orphanPools = map[string]int{}
 	c.unowned = map[string]sighting{}
 	c.lastPurge = time.Now()
@@ -68,6 +66,8 @@ func (c *cleanup) run(ctx context.Context) {
 	defer tick.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	c.clouds = newCloudSweeps(c, &wg)
+	defer c.clouds.wait()
 	for {
 		gone := false
 		for _, ch := range compSub.Drain() {
@@ -85,28 +85,100 @@ func (c *cleanup) run(ctx context.Context) {
 			continue
 		case <-tick.C:
 		}
+		// The records' sweeps make no cloud call: a cloud that hangs holds
+		// up none of them.
 		c.handBack(ctx)
 		c.revisit(ctx)
 		c.expire(ctx)
 		c.expireRequests(ctx)
 		c.requests(ctx)
-		for name := range c.l.current().providers {
-			if u, ok := c.l.use(name); ok {
-				c.leaks(ctx, &wg, name, u.drv)
-				if in, ok := drivers.As[drivers.Interrupter](u.drv); ok {
-					c.interruptions(ctx, name, in)
-				}
-				if sw, ok := drivers.As[drivers.Sweeper](u.drv); ok {
-					if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && ctx.Err() == nil {
-						c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
-					}
-				}
-				u.done()
-			}
-		}
+		c.clouds.start(ctx)
 		if time.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)
 		}
+	}
+}
+
+// cloudSweeps runs each provider's cloud sweep (leaked instances, spot
+// interruptions, the driver's own leftovers) in a goroutine of its own,
+// with a timeout, every sync interval: a cloud whose calls hang or take
+// minutes holds up its own sweep only, never another provider's, nor the
+// records' sweeps (hand-back, revisit, expiry), which run on the cleanup's
+// own ticker. A provider whose last pass still runs skips a pass.
+type cloudSweeps struct {
+	c  *cleanup
+	wg *sync.WaitGroup // the deletions the passes start
+
+	mu       sync.Mutex
+	running  map[string]time.Time      // provider -> when its pass started
+	suspects map[string]map[string]int // provider -> sightings of possible leaks
+	warned   map[string]bool           // providers said to be slow, this pass
+	passes   sync.WaitGroup
+}
+
+func newCloudSweeps(c *cleanup, wg *sync.WaitGroup) *cloudSweeps {
+	return &cloudSweeps{c: c, wg: wg, running: map[string]time.Time{}, suspects: map[string]map[string]int{}, warned: map[string]bool{}}
+}
+
+// cloudSweepTimeout bounds one provider's pass.
+func (c *cleanup) cloudSweepTimeout() time.Duration { return c.l.cloudCallTimeout() }
+
+// start starts a pass of each provider whose last pass ended.
+func (s *cloudSweeps) start(ctx context.Context) {
+	c := s.c
+	for name := range c.l.current().providers {
+		s.mu.Lock()
+		if started, busy := s.running[name]; busy {
+			if !s.warned[name] && time.Since(started) > 3*c.l.opts.SyncInterval {
+				s.warned[name] = true
+				c.l.log.Warn("a provider's cloud sweep is still running; its next passes wait for it (other providers' go on)", "provider", name, "running_for", time.Since(started).Round(time.Second))
+			}
+			s.mu.Unlock()
+			continue
+		}
+		s.running[name] = time.Now()
+		s.warned[name] = false
+		suspects := s.suspects[name]
+		if suspects == nil {
+			suspects = map[string]int{}
+			s.suspects[name] = suspects
+		}
+		s.mu.Unlock()
+		s.passes.Go(func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.running, name)
+				s.mu.Unlock()
+			}()
+			pctx, cancel := context.WithTimeout(ctx, c.cloudSweepTimeout())
+			defer cancel()
+			c.sweepCloud(pctx, ctx, s.wg, name, suspects)
+		})
+	}
+}
+
+// wait waits for the passes in flight.
+func (s *cloudSweeps) wait() { s.passes.Wait() }
+
+// sweepCloud is one provider's pass; the instances it finds leaked are
+// deleted under the cleanup's context (the pass's may time out first).
+func (c *cleanup) sweepCloud(ctx, deleteCtx context.Context, wg *sync.WaitGroup, name string, suspects map[string]int) {
+	u, ok := c.l.use(name)
+	if !ok {
+		return
+	}
+	defer u.done()
+	c.leaks(ctx, deleteCtx, wg, name, u.drv, suspects)
+	if in, ok := drivers.As[drivers.Interrupter](u.drv); ok {
+		c.interruptions(ctx, name, in)
+	}
+	if sw, ok := drivers.As[drivers.Sweeper](u.drv); ok {
+		if err := sw.Sweep(ctx, c.l.nodes.Has); err != nil && deleteCtx.Err() == nil {
+			c.l.log.Warn("could not sweep the provider's leftovers", "provider", name, "err", err)
+		}
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && deleteCtx.Err() == nil {
+		c.l.log.Warn("a provider's cloud sweep ran out of time; the next one starts afresh", "provider", name, "timeout", c.cloudSweepTimeout())
 	}
 }
 
@@ -363,7 +435,7 @@ func (c *cleanup) requests(ctx context.Context) {
 
 // leaks deletes instances tagged as this provider's that no node record
 // accounts for, once seen in two sweeps in a row.
-func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider) {
+func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider, suspects map[string]int) {
 	l := c.l
 	insts, err := drv.ListInstances(ctx)
 	if err != nil {
@@ -382,12 +454,12 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 			continue
 		}
 		seen[key] = true
-		c.suspects[key]++
-		if c.suspects[key] < 2 {
+		suspects[key]++
+		if suspects[key] < 2 {
 			continue
 		}
 		if !c.confirmLeaked(ctx, &inst) {
-			delete(c.suspects, key)
+			delete(suspects, key)
 			continue
 		}
 		if _, busy := c.deleting.LoadOrStore(key, true); busy {
@@ -401,21 +473,16 @@ func (c *cleanup) leaks(ctx context.Context, wg *sync.WaitGroup, provider string
 				return // replaced by a reload meanwhile; the next sweep sees it again
 			}
 			defer done()
-			if l.lifecycle.deleteInstance(ctx, drv, inst.ExternalID, nil) {
+			if l.lifecycle.deleteInstance(deleteCtx, drv, inst.ExternalID, nil) {
 				l.metrics.LeakedDeleted(provider, "instances", 1)
 			}
 		})
 	}
-	for key := range c.suspects {
-		if !seen[key] && providerOf(key) == provider {
-			delete(c.suspects, key)
+	for key := range suspects {
+		if !seen[key] {
+			delete(suspects, key)
 		}
 	}
-}
-
-func providerOf(suspectKey string) string {
-	provider, _, _ := strings.Cut(suspectKey, "/")
-	return provider
 }
 
 // leaked reports whether an instance of ours is not accounted for by its

@@ -439,3 +439,18 @@ func (l *Launcher) exportingSystem(fn func(context.Context)) func(context.Contex
 		<-done
 	}
 }
+
+// cloudCallTimeout bounds the periodic calls a launcher makes to a cloud
+// on its own (listings for the cleanup's sweeps and the quota reading):
+// ten sync intervals, and at least two minutes, as a big cloud's paginated
+// listing can take that long.
+func (l *Launcher) cloudCallTimeout() time.Duration {
+	return max(10*l.opts.SyncInterval, 2*time.Minute)
+}
+
+// firstQuotaWait is how long a pool's scheduler waits for the cloud's
+// quota before its first decision: five sync intervals, between one and
+// ten seconds.
+func (l *Launcher) firstQuotaWait() time.Duration {
+	return min(max(5*l.opts.SyncInterval, time.Second), 10*time.Second)
+}

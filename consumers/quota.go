@@ -232,19 +232,25 @@ func readCloudQuota(ctx context.Context, drv drivers.Provider, provider string) 
 	return cloudQuota{limits: limits, others: others}, nil
 }
 
-// watchCloudQuota reads a provider's quota every interval until ctx ends.
-func watchCloudQuota(ctx context.Context, drv drivers.Provider, provider string, interval time.Duration, log *slog.Logger, out chan<- cloudQuota) {
-	for wait.Sleep(ctx, interval) {
-		q, err := readCloudQuota(ctx, drv, provider)
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("could not read the cloud's quota", "err", err)
+// watchCloudQuota reads a provider's quota now and then every interval
+// until ctx ends. Each read is bounded by timeout: a cloud whose calls
+// hang delays the next reading, never the scheduler.
+func watchCloudQuota(ctx context.Context, drv drivers.Provider, provider string, interval, timeout time.Duration, log *slog.Logger, out chan<- cloudQuota) {
+	for {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		q, err := readCloudQuota(rctx, drv, provider)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("could not read the cloud's quota", "err", err)
+		case err == nil:
+			select {
+			case out <- q:
+			case <-ctx.Done():
+				return
 			}
-			continue
 		}
-		select {
-		case out <- q:
-		case <-ctx.Done():
+		if !wait.Sleep(ctx, interval) {
 			return
 		}
 	}

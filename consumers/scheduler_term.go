@@ -53,13 +53,19 @@ func (t *term) run(ctx context.Context) {
 	// A pool with ignore-provider-quota counts its own limits only.
 	drv := t.drv
 	quotaC := make(chan cloudQuota, 1)
+	// A cloud that does not answer is waited for a little (firstQuotaWait),
+	// then the pool goes on with its own limits until an answer comes.
 	if !t.pool.IgnoreProviderQuota {
-		if q, err := readCloudQuota(ctx, drv, t.prov.Name); err == nil {
+		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.l.cloudCallTimeout(), t.log, quotaC)
+		first := time.NewTimer(t.l.firstQuotaWait())
+		select {
+		case q := <-quotaC:
 			t.cloud = q
-		} else if ctx.Err() == nil {
-			t.log.Warn("could not read the cloud's quota; going on without it", "err", err)
+		case <-first.C:
+			t.log.Warn("the cloud has not told its quota yet; going on without it until it does", "waited", t.l.firstQuotaWait())
+		case <-ctx.Done():
 		}
-		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.log, quotaC)
+		first.Stop()
 	}
 
 	t.subscribe()
