@@ -89,6 +89,7 @@ func (c *cleanup) run(ctx context.Context) {
 		// up none of them.
 		c.handBack(ctx)
 		c.revisit(ctx)
+		c.unaccountable(ctx)
 		c.expire(ctx)
 		c.expireRequests(ctx)
 		c.requests(ctx)

@@ -177,6 +177,11 @@ func (u *usage) apply(ch kv.Change[kv.Node]) {
 }
 
 func (u *usage) add(n *kv.Node, size kv.Resources) {
+	if !n.Accountable() {
+		// A record the service cannot account for holds nothing it
+		// knows of; the cleanup ends it.
+		return
+	}
 	if n.Provider == u.provider {
 		u.provUsed = u.provUsed.Add(size)
 		if n.Pool == u.pool {

@@ -45,6 +45,19 @@ type Cache[T any] struct {
 	// change of its keys; progress is closed (and replaced) when it grows.
 	fresh    uint64
 	progress chan struct{}
+
+	// bad holds the records the watch saw that do not decode, until a
+	// newer revision of their key replaces or deletes them.
+	bad map[string]BadRecord
+}
+
+// BadRecord is a record that does not decode: its key, revision, stored
+// bytes and the decoding error.
+type BadRecord struct {
+	Key      string
+	Revision uint64
+	Data     []byte
+	Err      error
 }
 
 // staleCheck is how long a watch may deliver nothing before the cache asks
@@ -61,6 +74,7 @@ func NewCache[T any](store *Store[T], log *slog.Logger) *Cache[T] {
 		log:      log.With("bucket", store.kv.Bucket()),
 		entries:  map[string]*Entry[T]{},
 		gone:     map[string]uint64{},
+		bad:      map[string]BadRecord{},
 		synced:   make(chan struct{}),
 		progress: make(chan struct{}),
 	}
@@ -248,6 +262,11 @@ func (c *Cache[T]) observe(e jetstream.KeyValueEntry) {
 	if err != nil {
 		c.log.Error("ignoring a record that is not valid", "key", key, "revision", e.Revision(), "err", err)
 		c.remove(key, e.Revision())
+		c.mu.Lock()
+		if c.bad[key].Revision < e.Revision() {
+			c.bad[key] = BadRecord{Key: key, Revision: e.Revision(), Data: e.Value(), Err: err}
+		}
+		c.mu.Unlock()
 		return
 	}
 	c.Apply(Entry[T]{Key: key, Value: v, Revision: e.Revision()})
@@ -262,6 +281,9 @@ func (c *Cache[T]) remove(key string, rev uint64) {
 	}
 	delete(c.entries, key)
 	c.gone[key] = max(c.gone[key], rev)
+	if b, isBad := c.bad[key]; isBad && b.Revision < rev {
+		delete(c.bad, key)
+	}
 	ch := Change[T]{Key: key, Old: old, Revision: rev}
 	if ok {
 		// Queued under the lock, so that every subscriber sees the changes
@@ -289,6 +311,9 @@ func (c *Cache[T]) Apply(e Entry[T]) {
 		return
 	}
 	delete(c.gone, e.Key)
+	if b, isBad := c.bad[e.Key]; isBad && b.Revision < e.Revision {
+		delete(c.bad, e.Key)
+	}
 	ne := &e
 	c.entries[e.Key] = ne
 	ch := Change[T]{Key: e.Key, New: ne, Revision: e.Revision}
@@ -319,6 +344,18 @@ func (c *Cache[T]) Observe(fn func(Change[T])) {
 		fn(Change[T]{Key: e.Key, New: e, Revision: e.Revision})
 	}
 	c.observers = append(c.observers, fn)
+}
+
+// BadRecords returns the records that do not decode, as the watch last
+// saw them.
+func (c *Cache[T]) BadRecords() []BadRecord {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]BadRecord, 0, len(c.bad))
+	for _, b := range c.bad {
+		out = append(out, b)
+	}
+	return out
 }
 
 // Get returns the cached record of a key.
