@@ -204,13 +204,20 @@ func (d *decoder) unknownKey(path string, at *yaml.Node, key string, t reflect.T
 		return
 	}
 	// A key of another level, for this driver.
+	// Outside the providers, no driver is current: a key of any driver's
+	// pool labels (say) counts.
+	inProvider := t == typeProvider || t == typePool || t == typePoolLabel || t == typeProviderDiskimage
 	for _, nt := range levels[t].neighbours {
-		if _, ok := d.findField(fieldsOf(nt), key); !ok {
+		if inProvider {
+			if _, ok := d.findField(fieldsOf(nt), key); !ok {
+				continue
+			}
+		} else if !slices.ContainsFunc(fieldsOf(nt), func(f field) bool { return f.name == key }) {
 			continue
 		}
 		here := levels[t].name
 		there := levelWhere(nt)
-		if d.driver != "" && (nt == typeProvider || nt == typePool || nt == typePoolLabel) {
+		if inProvider && d.driver != "" && (nt == typeProvider || nt == typePool || nt == typePoolLabel) {
 			there += " for the " + d.driver + " driver"
 		}
 		d.fail(path, at, "%s is a key of %s, not of %s: move it there; %s", key, there, here, expected)
