@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -113,4 +115,34 @@ func TestNearest(t *testing.T) {
 			t.Errorf("nearest(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// The page a pre-3.0 file is sent to has the section the message names.
+func TestOldFileAnchorExists(t *testing.T) {
+	page, anchor, _ := strings.Cut(OldFileAnchor, "#")
+	data, err := os.ReadFile(filepath.Join("..", page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		title, ok := strings.CutPrefix(line, "## ")
+		if !ok {
+			continue
+		}
+		slug := strings.Map(func(r rune) rune {
+			switch {
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+				return r
+			case r >= 'A' && r <= 'Z':
+				return r + 'a' - 'A'
+			case r == ' ':
+				return '-'
+			}
+			return -1
+		}, title)
+		if slug == anchor {
+			return
+		}
+	}
+	t.Fatalf("%s has no section whose anchor is #%s", page, anchor)
 }
