@@ -48,6 +48,8 @@ type harness struct {
 
 	// wrap, if set, wraps each driver of the launchers started from now.
 	wrap func(provider string, p drivers.Provider) drivers.Provider
+	// log, if set, is the log of the launchers started from now.
+	log *slog.Logger
 
 	mu        sync.Mutex
 	launchers []*launcher // started, running or not
@@ -120,6 +122,14 @@ func runCache[T any](t testing.TB, c *kv.Cache[T]) {
 	}
 }
 
+// launcherLog is the log of a launcher started now.
+func (h *harness) launcherLog() *slog.Logger {
+	if h.log != nil {
+		return h.log
+	}
+	return testLog(h.t)
+}
+
 // launcher is a launcher running in this test process.
 type launcher struct {
 	*consumers.Launcher
@@ -176,7 +186,7 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 	}
 	l, err := consumers.NewLauncher(js, b, consumers.Options{
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
-		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
+		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
 	})
 	if err != nil {
 		h.t.Fatal(err)

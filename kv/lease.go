@@ -21,7 +21,10 @@ type Lease struct {
 	ttl    time.Duration
 	rev    uint64
 	since  time.Time
-	log    *slog.Logger
+	// sent is when the last write that held the lease (taking or
+	// renewing it) was sent.
+	sent time.Time
+	log  *slog.Logger
 }
 
 // NewLease prepares a lease on key for holder; ttl must be the bucket's TTL.
@@ -36,7 +39,8 @@ func (l *Lease) Key() string { return l.key }
 // before (a restarted process with the same id). It reports whether the lease
 // is now held.
 func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
-	now := time.Now().UTC()
+	sent := time.Now()
+	now := sent.UTC()
 	e, err := l.store.Get(ctx, l.key)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -47,7 +51,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		l.rev, l.since = rev, now
+		l.rev, l.since, l.sent = rev, now, sent
 		return true, nil
 	case err != nil && !errors.Is(err, ErrBadRecord):
 		return false, err
@@ -62,13 +66,20 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	l.rev, l.since = rev, now
+	l.rev, l.since, l.sent = rev, now, sent
 	return true, nil
 }
 
 // Renew extends a held lease. An ErrConflict or ErrNotFound means it was lost.
+//
+// A key that is missing although the holder wrote it less than a TTL ago
+// did not expire: it was deleted (by an operator, or with its bucket,
+// which is then made again, see internal/repair). If nobody took the lease
+// meanwhile, the holder writes it again and goes on holding it; if
+// somebody did, it is lost.
 func (l *Lease) Renew(ctx context.Context) error {
-	now := time.Now().UTC()
+	sent := time.Now()
+	now := sent.UTC()
 	rec := &LeaseRecord{Holder: l.holder, Acquired: l.since, Renewed: now}
 	rev, err := l.store.Update(ctx, l.key, rec, l.rev)
 	if errors.Is(err, ErrConflict) {
@@ -76,14 +87,23 @@ func (l *Lease) Renew(ctx context.Context) error {
 		// may have landed all the same: the lease is still this
 		// holder's, from this acquisition, if the record says so.
 		e, gerr := l.store.Get(ctx, l.key)
-		if gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(l.since) {
+		switch {
+		case gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(l.since):
 			rev, err = l.store.Update(ctx, l.key, rec, e.Revision)
+		case errors.Is(gerr, ErrNotFound) && sent.Sub(l.sent) < l.ttl:
+			rev, err = l.store.Create(ctx, l.key, rec)
+			switch {
+			case err == nil:
+				l.log.Warn("the lease's key was deleted while held; written again")
+			case errors.Is(err, ErrExists):
+				err = fmt.Errorf("%w: the lease's key was deleted and taken by another holder", ErrConflict)
+			}
 		}
 	}
 	if err != nil {
 		return err
 	}
-	l.rev = rev
+	l.rev, l.sent = rev, sent
 	return nil
 }
 
