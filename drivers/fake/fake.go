@@ -41,6 +41,46 @@ const (
 // A dot, which bucket names cannot hold, is written "_".
 func BucketName(cloud string) string { return "fakecloud-" + strings.ReplaceAll(cloud, ".", "_") }
 
+// Buckets are the configurations of the buckets of a fake cloud.
+type Buckets struct {
+	Instances jetstream.KeyValueConfig
+	// API counts calls per second, for a cloud with an API rate limit
+	// (nil without).
+	API    *jetstream.KeyValueConfig
+	Images jetstream.KeyValueConfig
+}
+
+// All lists the buckets.
+func (b Buckets) All() []jetstream.KeyValueConfig {
+	out := []jetstream.KeyValueConfig{b.Instances, b.Images}
+	if b.API != nil {
+		out = append(out, *b.API)
+	}
+	return out
+}
+
+// BucketConfigs returns the configurations of the buckets of a fake
+// provider's cloud.
+func BucketConfigs(cfg *config.Provider, replicas int) Buckets {
+	b := Buckets{
+		Instances: jetstream.KeyValueConfig{
+			Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		},
+		Images: jetstream.KeyValueConfig{
+			Bucket: ImagesBucketName(cfg.Cloud), Description: "images of a simulated cloud",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		},
+	}
+	if cfg.APIRateLimit > 0 {
+		b.API = &jetstream.KeyValueConfig{
+			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
+		}
+	}
+	return b
+}
+
 // InstanceRecord is one instance of the fake cloud, as stored.
 type InstanceRecord struct {
 	ID       string            `json:"id"`
@@ -100,20 +140,15 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	if cfg.Driver != "fake" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
 	}
-	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
-		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	}, log)
+	buckets := BucketConfigs(cfg, replicas)
+	bucket, err := kv.EnsureBucket(ctx, js, buckets.Instances, log)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
 	}
 	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
 	var api *kv.Store[apiWindow]
-	if cfg.APIRateLimit > 0 {
-		ab, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
-			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
-			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
-		}, log)
+	if buckets.API != nil {
+		ab, err := kv.EnsureBucket(ctx, js, *buckets.API, log)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
 		}
@@ -126,7 +161,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		log:   log,
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 	}
-	if err := p.openImages(ctx, js, replicas); err != nil {
+	if err := p.openImages(ctx, js, buckets.Images); err != nil {
 		return nil, err
 	}
 	p.cache = kv.NewCache(p.store, log)
