@@ -34,6 +34,7 @@ const (
 	StatusBuild    = "BUILD"
 	StatusActive   = "ACTIVE"
 	StatusError    = "ERROR"
+	StatusShutoff  = "SHUTOFF"
 	StatusDeleting = "DELETING"
 )
 
@@ -95,6 +96,7 @@ type InstanceRecord struct {
 	Created  time.Time         `json:"created"`
 	ReadyAt  time.Time         `json:"ready_at"`
 	Fail     bool              `json:"fail,omitempty"`
+	Stopped  bool              `json:"stopped,omitempty"` // shut off (Stop)
 	DeleteAt *time.Time        `json:"delete_at,omitempty"`
 }
 
@@ -107,8 +109,21 @@ func (r *InstanceRecord) Status(now time.Time) string {
 		return StatusBuild
 	case r.Fail:
 		return StatusError
+	case r.Stopped:
+		return StatusShutoff
 	}
 	return StatusActive
+}
+
+// runState is whether an instance in a status runs.
+func runState(status string) drivers.RunState {
+	switch status {
+	case StatusActive:
+		return drivers.Running
+	case StatusBuild:
+		return drivers.Changing
+	}
+	return drivers.Down
 }
 
 // Provider is one fake provider: its pools' labels and flavors, and the
@@ -289,12 +304,14 @@ func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) 
 	return r, nil
 }
 
-// ListInstances lists every instance of the cloud, ours and others.
+// ListInstances lists every instance of the cloud, ours and others, as
+// the cloud holds them when it is called (the cache catches up with every
+// change made before the call, by any process).
 func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error) {
 	if err := p.apiCall(ctx); err != nil {
 		return nil, err
 	}
-	if err := p.cache.WaitSynced(ctx); err != nil {
+	if err := p.cache.Sync(ctx); err != nil {
 		return nil, err
 	}
 	var out []drivers.Instance
@@ -305,8 +322,16 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 	return out, nil
 }
 
+var _ drivers.Liveness = (*Provider)(nil)
+
+// ListingAge is 0: a listing holds every change made before the call.
+func (p *Provider) ListingAge() time.Duration { return 0 }
+
 func (p *Provider) toInstance(r *InstanceRecord) drivers.Instance {
+	status := r.Status(time.Now())
 	return drivers.Instance{
+		Run:         runState(status),
+		Status:      status,
 		ExternalID:  r.ID,
 		Name:        r.Name,
 		Tags:        r.Tags,
@@ -352,6 +377,53 @@ func (p *Provider) Inject(ctx context.Context, name string, tags map[string]stri
 		return "", err
 	}
 	return rec.ID, nil
+}
+
+// Stop shuts an instance off (SHUTOFF), as someone running `openstack
+// server stop` on it would; it stays, holding its quota.
+func (p *Provider) Stop(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Stopped = true })
+}
+
+// Start starts a shut-off instance again (ACTIVE).
+func (p *Provider) Start(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Stopped = false })
+}
+
+// Break puts an instance in ERROR, as a failing hypervisor would.
+func (p *Provider) Break(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Fail = true })
+}
+
+// Remove deletes an instance at once, out of band, as someone running
+// `openstack server delete` on it would.
+func (p *Provider) Remove(ctx context.Context, id string) error {
+	e, err := p.store.Get(ctx, id)
+	if errors.Is(err, kv.ErrNotFound) {
+		return fmt.Errorf("fake: instance %s: %w", id, drivers.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("fake: reading instance %s: %w", id, err)
+	}
+	if err := p.cache.Delete(ctx, id, e.Revision); err != nil {
+		return fmt.Errorf("fake: deleting instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// change changes an instance's record out of band.
+func (p *Provider) change(ctx context.Context, id string, fn func(*InstanceRecord)) error {
+	_, err := p.cache.Modify(ctx, id, func(r *InstanceRecord) error {
+		fn(r)
+		return nil
+	})
+	if errors.Is(err, kv.ErrNotFound) {
+		return fmt.Errorf("fake: instance %s: %w", id, drivers.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("fake: changing instance %s: %w", id, err)
+	}
+	return nil
 }
 
 // IdempotentCreate: the instance id is derived from the node id and
@@ -534,6 +606,8 @@ func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 			return drivers.Step{}, fmt.Errorf("instance %s went to ERROR while booting", m.st.Instance)
 		case StatusDeleting:
 			return drivers.Step{}, fmt.Errorf("instance %s is being deleted", m.st.Instance)
+		case StatusShutoff:
+			return drivers.Step{}, fmt.Errorf("instance %s was shut off while booting", m.st.Instance)
 		}
 		inst := p.toInstance(&e.Value)
 		return drivers.Step{Done: true, Instance: &inst}, nil
