@@ -3,7 +3,6 @@ package consumers
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -78,7 +77,9 @@ func (l *Launcher) use(provider string) (providerUse, bool) {
 		drv, ok := snap.providers[provider]
 		pc, cok := snap.cfg.Provider(provider)
 		if !ok || !cok {
-			return providerUse{}, false
+			// Not configured: the driver this process drains it with,
+			// if any (drain.go).
+			return l.drain.use(provider)
 		}
 		if done, ok := drivers.Use(drv); ok {
 			return providerUse{drv: drv, cfg: pc, done: done}, true
@@ -102,6 +103,7 @@ func (l *Launcher) Reload(cfg *config.Config, providers map[string]drivers.Provi
 	}
 	l.snap.Store(snap)
 	l.lifecycle.resize(cfg)
+	l.drain.rememberSoon()
 	started, stopped := l.syncRunners()
 	select {
 	case l.beat <- struct{}{}:
@@ -229,7 +231,3 @@ func (l *Launcher) stopRunners() {
 	l.reloadMu.Unlock()
 	l.runnersWG.Wait()
 }
-
-// errNoProvider: the provider is not in this process's configuration (any
-// more).
-var errNoProvider = errors.New("provider not in this launcher's configuration")

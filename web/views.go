@@ -23,6 +23,9 @@ type Views struct {
 	Images     *kv.Cache[kv.DiskImage]
 	Builds     *kv.Cache[kv.ImageBuild]
 	Uploads    *kv.Cache[kv.ImageUpload]
+	// Providers are the remembered provider sections (nil without the
+	// nodepool-providers bucket): which removed providers drain.
+	Providers *kv.Cache[kv.ProviderRecord]
 
 	js  jetstream.JetStream
 	own []interface {
@@ -42,6 +45,9 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 	own(&v, &v.Images, img.Images, log)
 	own(&v, &v.Builds, img.Builds, log)
 	own(&v, &v.Uploads, img.Uploads, log)
+	if b.Providers != nil {
+		own(&v, &v.Providers, b.Providers, log)
+	}
 	return &v
 }
 

@@ -2,7 +2,7 @@
 // status port's event stream (/dashboard/events), grouped for an operator.
 "use strict";
 
-const kinds = ["nodes", "requests", "components", "images", "builds", "uploads"];
+const kinds = ["nodes", "requests", "components", "images", "builds", "uploads", "providers"];
 const state = Object.fromEntries(kinds.map((k) => [k, new Map()]));
 let skew = 0; // server clock minus ours, in ms
 let dirty = false;
@@ -71,9 +71,62 @@ function failingProviders(rows) {
   }
 }
 
+// served says what the live launchers' configurations hold: the
+// providers they name, the pools they announce and each pool's labels.
+// A node of anything else belongs to something removed: it is drained.
+function served() {
+  const providers = new Set(), pools = new Map();
+  for (const c of state.components.values()) {
+    const roles = c.roles || [];
+    if (roles.length && !roles.includes("launcher")) continue; // a builder
+    for (const p of c.providers || []) providers.add(p);
+    for (const p of c.pools || []) {
+      providers.add(p.provider);
+      pools.set(p.provider + "/" + p.pool, new Set(p.labels || []));
+    }
+  }
+  return { providers, pools };
+}
+
+// removal says what of a node's configuration is gone ("" if nothing).
+function removal(n, sv) {
+  if (!sv.providers.has(n.provider)) return "provider";
+  const labels = sv.pools.get(n.provider + "/" + n.pool);
+  if (!labels) return "pool";
+  if ((n.labels || []).length && !(n.labels || []).some((l) => labels.has(l))) return "label";
+  return "";
+}
+
+// drainingProviders lists the removed providers being drained, with what
+// is left of them, and why a drain cannot go on.
+function drainingProviders(rows) {
+  const sv = served();
+  for (const p of [...state.providers.values()].sort((a, b) => a.name.localeCompare(b.name))) {
+    if (!p.draining_since || sv.providers.has(p.name)) continue;
+    const left = [...state.nodes.values()].filter((n) => n.provider === p.name);
+    const uploads = [...state.uploads.values()].filter((u) => u.provider === p.name).length;
+    const what = `${left.length} nodes ${countBadges(counts(left, "state"))}, ${uploads} uploads left`;
+    const why = p.problem
+      ? `its drain cannot go on: ${esc(p.problem)} (since ${age(p.problem_since)}; <code>nodepool erase ${esc(p.name)}</code> gives it up)`
+      : "removed from the configuration: its nodes, instances and uploads are being deleted";
+    rows.push(`<tr class="attention${p.problem ? "" : " hold"}" data-draining-provider="${esc(p.name)}" data-stuck="${p.problem ? "true" : "false"}">` +
+      `<td>provider ${esc(p.name)}</td><td>${badge(p.problem ? "stuck" : "draining")}</td>` +
+      `<td>${what}</td><td>${age(p.draining_since)}</td><td class="reason">${why}</td></tr>`);
+  }
+  // Nodes of removed providers that no remembered section covers.
+  const remembered = new Set([...state.providers.values()].map((p) => p.name));
+  const orphans = group([...state.nodes.values()].filter((n) => removal(n, sv) === "provider" && !remembered.has(n.provider)), (n) => n.provider);
+  for (const [provider, nodes] of orphans) {
+    rows.push(`<tr class="attention" data-draining-provider="${esc(provider)}" data-stuck="true"><td>provider ${esc(provider)}</td>` +
+      `<td>${badge("stuck")}</td><td>${nodes.length} nodes ${countBadges(counts(nodes, "state"))}</td><td></td>` +
+      `<td class="reason">no live process has it in its configuration, and none remembers it</td></tr>`);
+  }
+}
+
 function renderAttention() {
   const rows = [];
   failingProviders(rows);
+  drainingProviders(rows);
   const nodes = [...state.nodes.values()].sort(byCreated);
   for (const n of nodes) {
     if (n.state === "hold") {
@@ -157,23 +210,33 @@ function chip(n) {
   return `<span class="chip state-${esc(n.state)}" data-node-id="${esc(n.id)}" data-state="${esc(n.state)}" title="${esc(title)}">${esc(n.id)}</span>`;
 }
 
+// drainMark is the badge of a group of nodes that is being drained (its
+// provider, pool or label was removed from the configuration).
+function drainMark(draining) {
+  return draining ? ` ${badge("draining")}` : "";
+}
+
 function renderNodes() {
   const nodes = [...state.nodes.values()].sort(byCreated);
   if (!nodes.length) {
     document.getElementById("nodes").innerHTML = `<p class="empty">No nodes.</p>`;
     return;
   }
+  const sv = served();
   const html = group(nodes, (n) => n.provider).map(([provider, pn]) => {
+    const providerGone = !sv.providers.has(provider);
     const pools = group(pn, (n) => n.pool).map(([pool, nn]) => {
+      const poolGone = !providerGone && !sv.pools.has(provider + "/" + pool);
       const labels = group(nn, (n) => (n.labels || []).join(",")).map(([label, ln]) => {
+        const labelGone = !providerGone && !poolGone && removal(ln[0], sv) === "label";
         const shown = ln.slice(0, chipsPerLabel).map(chip).join("");
         const more = ln.length > chipsPerLabel ? `<span class="more">and ${ln.length - chipsPerLabel} more</span>` : "";
-        return `<div class="label" data-label="${esc(label)}"><span class="name">${esc(label)}</span>` +
-          `${countBadges(counts(ln, "state"))}<div class="chips">${shown}${more}</div></div>`;
+        return `<div class="label" data-label="${esc(label)}" data-draining="${labelGone}"><span class="name">${esc(label)}</span>` +
+          `${drainMark(labelGone)} ${countBadges(counts(ln, "state"))}<div class="chips">${shown}${more}</div></div>`;
       }).join("");
-      return `<div class="pool" data-pool="${esc(provider + "/" + pool)}"><h4>${esc(pool)} ${countBadges(counts(nn, "state"))}</h4>${labels}</div>`;
+      return `<div class="pool" data-pool="${esc(provider + "/" + pool)}" data-draining="${poolGone}"><h4>${esc(pool)}${drainMark(poolGone)} ${countBadges(counts(nn, "state"))}</h4>${labels}</div>`;
     }).join("");
-    return `<div class="group" data-provider="${esc(provider)}"><h3>${esc(provider)} ${countBadges(counts(pn, "state"))}</h3>${pools}</div>`;
+    return `<div class="group" data-provider="${esc(provider)}" data-draining="${providerGone}"><h3>${esc(provider)}${drainMark(providerGone)} ${countBadges(counts(pn, "state"))}</h3>${pools}</div>`;
   }).join("");
   document.getElementById("nodes").innerHTML = html;
 }
