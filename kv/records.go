@@ -224,6 +224,12 @@ type Component struct {
 	Started   time.Time       `json:"started"`
 	Heartbeat time.Time       `json:"heartbeat"`
 	Pools     []ComponentPool `json:"pools"`
+	// Providers are the providers in the process's configuration, pools
+	// or not (extension): a provider that no live launcher names is
+	// drained (and its uploads too once no live builder names it). A
+	// record without the key (an older process) names the providers of
+	// its pools.
+	Providers []string `json:"providers,omitempty"`
 }
 
 // Serves reports whether the component serves a pool.

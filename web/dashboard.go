@@ -107,7 +107,7 @@ func (f *cacheFeed[T, S]) drain() map[string]any {
 }
 
 func (d *dashboard) feeds() []feed {
-	return []feed{
+	out := []feed{
 		newFeed("nodes", d.v.Nodes, slimNode),
 		newFeed("requests", d.v.Requests, slimRequest),
 		newFeed("components", d.v.Components, func(_ string, c *kv.Component) kv.Component { return *c }),
@@ -121,6 +121,30 @@ func (d *dashboard) feeds() []feed {
 		newFeed("builds", d.v.Builds, slimBuild),
 		newFeed("uploads", d.v.Uploads, func(_ string, u *kv.ImageUpload) kv.ImageUpload { return *u }),
 	}
+	if d.v.Providers != nil {
+		out = append(out, newFeed("providers", d.v.Providers, slimProvider))
+	}
+	return out
+}
+
+// dashProvider is what the page shows of a remembered provider (not its
+// section).
+type dashProvider struct {
+	Name          string     `json:"name"`
+	Driver        string     `json:"driver"`
+	Recorded      time.Time  `json:"recorded"`
+	DrainingSince *time.Time `json:"draining_since,omitempty"`
+	Problem       string     `json:"problem,omitempty"`
+	ProblemSince  *time.Time `json:"problem_since,omitempty"`
+}
+
+func slimProvider(key string, p *kv.ProviderRecord) dashProvider {
+	name := p.Name
+	if name == "" {
+		name = token.Decode(key)
+	}
+	return dashProvider{Name: name, Driver: p.Driver, Recorded: p.Recorded, DrainingSince: p.DrainingSince,
+		Problem: p.Problem, ProblemSince: p.ProblemSince}
 }
 
 // overviewKinds are the records the overview is made of: a change of one

@@ -199,3 +199,32 @@ func TestDashboardShowsAFailingProvider(t *testing.T) {
 	waitJS(t, ctx, "the failures drawn", `document.querySelectorAll('#chart-failures rect.bad').length >= 1`)
 	screenshot(t, ctx, "failing")
 }
+
+// The nodes of a provider no live process has any more show as
+// draining; a removed provider whose drain cannot go on (here: no
+// launcher ever recorded its configuration) is named in the attention
+// panel with why, and how to give it up.
+func TestDashboardShowsADrainingProvider(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, true)
+	ctx := browser(t)
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(s.http.URL+"/dashboard/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the event stream", `document.getElementById("conn").dataset.state === "live"`)
+	now := time.Now().UTC()
+	old := kv.Node{ID: "old-node-1", State: kv.NodeInUse, Labels: []string{"small"}, Provider: "old-cloud", Pool: "main",
+		ExternalID: "i-old", Holder: "someone", Created: now, StateTime: now}
+	if _, err := s.client.Buckets().Nodes.Create(t.Context(), old.ID, &old); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the removed provider's nodes marked draining",
+		`!!document.querySelector('#nodes [data-node-id="old-node-1"][data-provider="old-cloud"][data-draining="true"]') && !!document.querySelector('#capacity [data-capacity-provider="old-cloud"][data-draining="true"]')`)
+	if shown, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!document.querySelector('[data-provider="cloud1"][data-draining="true"], [data-capacity-provider="cloud1"][data-draining="true"]')`)); err != nil || shown {
+		t.Errorf("a configured provider is shown draining (%v)", err)
+	}
+	waitJS(t, ctx, "the removed provider in the attention panel, stuck, with why",
+		`(document.querySelector('#attention [data-draining-provider="old-cloud"][data-stuck="true"]')?.innerText || "").includes("no launcher recorded its configuration section")`)
+	waitJS(t, ctx, "how to give it up", `document.querySelector('#attention [data-draining-provider="old-cloud"]').innerText.includes("nodepool erase old-cloud")`)
+	screenshot(t, ctx, "draining")
+}

@@ -26,6 +26,9 @@ type Views struct {
 	// History is the last hour of launches and requests, as the node and
 	// request caches showed it (NewViews makes it).
 	History *History
+	// Providers are the remembered provider sections (nil without the
+	// nodepool-providers bucket): which removed providers drain.
+	Providers *kv.Cache[kv.ProviderRecord]
 
 	js  jetstream.JetStream
 	own []interface {
@@ -48,6 +51,9 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 	v.History = NewHistory(nil)
 	v.Nodes.Observe(v.History.ObserveNode)
 	v.Requests.Observe(v.History.ObserveRequest)
+	if b.Providers != nil {
+		own(&v, &v.Providers, b.Providers, log)
+	}
 	return &v
 }
 

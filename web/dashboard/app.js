@@ -5,7 +5,7 @@
 // status port's event stream (/dashboard/events), opened after the load.
 "use strict";
 
-const kinds = ["nodes", "requests", "components", "images", "builds", "uploads"];
+const kinds = ["nodes", "requests", "components", "images", "builds", "uploads", "providers"];
 const state = Object.fromEntries(kinds.map((k) => [k, new Map()]));
 let overview = null;
 let skew = 0; // server clock minus ours, in ms
@@ -224,6 +224,63 @@ function moreRow(n, what, st) {
   return `<tr class="more"><td colspan="5">and ${plural(n, "more " + what, "more " + what + "s")} — <a href="${link({ state: st, provider: "", label: "", q: "" })}">show them all below</a></td></tr>`;
 }
 
+// served says what the live launchers' configurations hold: the
+// providers they name, the pools they announce and each pool's labels.
+// A node of anything else belongs to something removed: it is drained.
+function served() {
+  const providers = new Set(), pools = new Map();
+  for (const c of state.components.values()) {
+    const roles = c.roles || [];
+    if (roles.length && !roles.includes("launcher")) continue; // a builder
+    for (const p of c.providers || []) providers.add(p);
+    for (const p of c.pools || []) {
+      providers.add(p.provider);
+      pools.set(p.provider + "/" + p.pool, new Set(p.labels || []));
+    }
+  }
+  return { providers, pools };
+}
+
+// removal says what of a node's configuration is gone ("" if nothing).
+function removal(n, sv) {
+  if (!sv.providers.has(n.provider)) return "provider";
+  const labels = sv.pools.get(n.provider + "/" + n.pool);
+  if (!labels) return "pool";
+  if ((n.labels || []).length && !(n.labels || []).some((l) => labels.has(l))) return "label";
+  return "";
+}
+
+// drainingProviders lists the removed providers being drained, with what
+// is left of them, and why a drain cannot go on.
+function drainingProviders(rows) {
+  const sv = served();
+  for (const p of [...state.providers.values()].sort((a, b) => a.name.localeCompare(b.name))) {
+    if (!p.draining_since || sv.providers.has(p.name)) continue;
+    const left = [...state.nodes.values()].filter((n) => n.provider === p.name);
+    const uploads = [...state.uploads.values()].filter((u) => u.provider === p.name).length;
+    const what = `${left.length} nodes ${countBadges(counts(left, "state"))}, ${uploads} uploads left`;
+    const why = p.problem
+      ? `its drain cannot go on: ${esc(p.problem)} (for ${since(p.problem_since)}; <code>nodepool erase ${esc(p.name)}</code> gives it up)`
+      : "removed from the configuration: its nodes, instances and uploads are being deleted";
+    rows.push(`<tr class="attention${p.problem ? "" : " hold"}" data-draining-provider="${esc(p.name)}" data-stuck="${p.problem ? "true" : "false"}">` +
+      `<td class="id">provider ${esc(p.name)}</td><td>${badge(p.problem ? "stuck" : "draining")}</td>` +
+      `<td>${what}</td><td>${since(p.draining_since)}</td><td class="reason">${why}</td></tr>`);
+  }
+  // Nodes of removed providers that no remembered section covers.
+  const remembered = new Set([...state.providers.values()].map((p) => p.name));
+  const orphans = new Map();
+  for (const n of state.nodes.values()) {
+    if (removal(n, sv) !== "provider" || remembered.has(n.provider)) continue;
+    if (!orphans.has(n.provider)) orphans.set(n.provider, []);
+    orphans.get(n.provider).push(n);
+  }
+  for (const [provider, nodes] of [...orphans.entries()].sort(([a], [b]) => a.localeCompare(b))) {
+    rows.push(`<tr class="attention" data-draining-provider="${esc(provider)}" data-stuck="true"><td class="id">provider ${esc(provider)}</td>` +
+      `<td>${badge("stuck")}</td><td>${nodes.length} nodes ${countBadges(counts(nodes, "state"))}</td><td></td>` +
+      `<td class="reason">no live process has it in its configuration, and none remembers it</td></tr>`);
+  }
+}
+
 function renderAttention(nodes, reqs) {
   const rows = [];
   // Providers that keep failing, first.
@@ -233,6 +290,7 @@ function renderAttention(nodes, reqs) {
       p.last_failure_time ? ago(p.last_failure_time) : "",
       `${esc(p.failing)}; the last: ${esc(p.last_failure || "no reason given")}`));
   }
+  drainingProviders(rows);
   for (const p of poolsWaitingForQuota()) {
     const waiting = p.waiting ? `${plural(p.waiting, "request")} waiting` : "";
     rows.push(attentionRow(`data-quota-pool="${esc(p.provider + "/" + p.pool)}"`, `pool ${esc(p.provider)}/${esc(p.pool)}`,
@@ -362,6 +420,7 @@ function renderCapacity() {
     return;
   }
   const providers = new Map((overview.providers || []).map((p) => [p.name, p]));
+  const sv = served();
   const rows = [];
   let last = null;
   for (const p of pools) {
@@ -369,7 +428,9 @@ function renderCapacity() {
       last = p.provider;
       const pv = providers.get(p.provider) || { name: p.provider, used: { instances: 0, cores: 0, ram: 0 }, hour: {} };
       const hour = pv.hour || {};
-      rows.push(`<tr class="provider${pv.failing ? " failing" : ""}" data-capacity-provider="${esc(pv.name)}"><th colspan="2">${esc(pv.name)}${pv.failing ? " " + badge("failing") : ""}</th>` +
+      const drained = !sv.providers.has(pv.name);
+      rows.push(`<tr class="provider${pv.failing ? " failing" : ""}" data-capacity-provider="${esc(pv.name)}" data-draining="${drained}"><th colspan="2">${esc(pv.name)}` +
+        `${pv.failing ? " " + badge("failing") : ""}${drained ? " " + badge("draining") : ""}</th>` +
         `<td colspan="2">cloud quota: ${quotaCell(pv)}</td>` +
         `<td colspan="2" class="muted">last hour: ${plural(hour.launches || 0, "launch", "launches")}, ${fmt(hour.launch_failures || 0)} failed, ` +
         `${plural(hour.requests_failed || 0, "request")} failed${pv.failing ? ` — <span class="gone">${esc(pv.failing)}</span>` : ""}</td></tr>`);
@@ -377,7 +438,9 @@ function renderCapacity() {
     const extra = [];
     if (p.max_cores !== undefined) extra.push(meter(p.used.cores, p.max_cores, "cores"));
     if (p.max_ram !== undefined) extra.push(meter(p.used.ram, p.max_ram, "MB RAM"));
-    const status = p.waiting_for_quota ? badge("quota", "waiting for quota") : p.waiting ? badge("pending", `${fmt(p.waiting)} waiting`) : "";
+    const drained = sv.providers.has(p.provider) && !sv.pools.has(p.provider + "/" + p.pool);
+    const status = p.waiting_for_quota ? badge("quota", "waiting for quota") : drained ? badge("draining") :
+      p.waiting ? badge("pending", `${fmt(p.waiting)} waiting`) : "";
     rows.push(`<tr class="pool${p.waiting_for_quota ? " at-quota" : ""}" data-pool="${esc(p.provider + "/" + p.pool)}" data-waiting-for-quota="${p.waiting_for_quota}">` +
       `<td>${id(p.pool)}</td><td>${status}</td>` +
       `<td>${p.configured ? meter(p.used.instances, p.max_servers, "servers") : `${fmt(p.used.instances)} servers <span class="muted">(not in this process's configuration)</span>`}` +
@@ -482,12 +545,17 @@ function renderNodes(nodes) {
   }
   const pagesN = Math.ceil(shown.length / nodesPerPage);
   pages.nodes = Math.min(pages.nodes, pagesN - 1);
+  const sv = served();
   const rows = shown.slice(pages.nodes * nodesPerPage, (pages.nodes + 1) * nodesPerPage).map((n) => {
+    // A node of a provider, pool or label removed from the configuration
+    // is being drained.
+    const gone = removal(n, sv);
     const owner = n.holder ? `held by ${esc(n.holder)}` : n.allocated_to ? `for ${id(n.allocated_to)}` : "";
     const launcher = n.launcher ? id(n.launcher, alive(n.launcher) ? "" : "gone") : "";
     const label = labelsOf(n);
-    return `<tr data-node-id="${esc(n.id)}" data-state="${esc(n.state)}" data-provider="${esc(n.provider)}" data-pool="${esc(n.provider + "/" + n.pool)}" data-label="${esc(label)}">` +
-      `<td>${id(n.id)}</td><td>${badge(n.state)} <span class="muted">${since(n.state_time)}</span></td>` +
+    return `<tr data-node-id="${esc(n.id)}" data-state="${esc(n.state)}" data-provider="${esc(n.provider)}" data-pool="${esc(n.provider + "/" + n.pool)}" data-label="${esc(label)}" data-draining="${gone !== ""}">` +
+      `<td>${id(n.id)}</td><td>${badge(n.state)} <span class="muted">${since(n.state_time)}</span>` +
+      `${gone ? ` <span title="its ${gone} was removed from the configuration">${badge("draining")}</span>` : ""}</td>` +
       `<td>${esc(label)}</td><td>${id(n.provider + "/" + n.pool)}</td><td>${ago(n.created)}</td>` +
       `<td>${owner}</td><td>${launcher}</td><td class="reason">${nodeDetail(n)}</td></tr>`;
   });
