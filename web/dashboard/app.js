@@ -258,7 +258,7 @@ function drainingProviders(rows) {
     if (!p.draining_since || sv.providers.has(p.name)) continue;
     const left = [...state.nodes.values()].filter((n) => n.provider === p.name);
     const uploads = [...state.uploads.values()].filter((u) => u.provider === p.name).length;
-    const what = `${left.length} nodes ${countBadges(counts(left, "state"))}, ${uploads} uploads left`;
+    const what = `${plural(left.length, "node")} ${countBadges(counts(left, "state"))}, ${plural(uploads, "upload")} left`;
     const why = p.problem
       ? `its drain cannot go on: ${esc(p.problem)} (for ${since(p.problem_since)}; <code>nodepool erase ${esc(p.name)}</code> gives it up)`
       : "removed from the configuration: its nodes, instances and uploads are being deleted";
@@ -276,7 +276,7 @@ function drainingProviders(rows) {
   }
   for (const [provider, nodes] of [...orphans.entries()].sort(([a], [b]) => a.localeCompare(b))) {
     rows.push(`<tr class="attention" data-draining-provider="${esc(provider)}" data-stuck="true"><td class="id">provider ${esc(provider)}</td>` +
-      `<td>${badge("stuck")}</td><td>${nodes.length} nodes ${countBadges(counts(nodes, "state"))}</td><td></td>` +
+      `<td>${badge("stuck")}</td><td>${plural(nodes.length, "node")} ${countBadges(counts(nodes, "state"))}</td><td></td>` +
       `<td class="reason">no live process has it in its configuration, and none remembers it</td></tr>`);
   }
 }
@@ -397,7 +397,7 @@ function meter(used, limit, what) {
 }
 
 function capacityText(p) {
-  return p.max_servers !== undefined ? `${fmt(p.used.instances)} / ${fmt(p.max_servers)} servers` : `${fmt(p.used.instances)} servers`;
+  return p.max_servers !== undefined ? `${fmt(p.used.instances)} / ${plural(p.max_servers, "server")}` : plural(p.used.instances, "server");
 }
 
 function quotaCell(pv) {
@@ -443,7 +443,7 @@ function renderCapacity() {
       p.waiting ? badge("pending", `${fmt(p.waiting)} waiting`) : "";
     rows.push(`<tr class="pool${p.waiting_for_quota ? " at-quota" : ""}" data-pool="${esc(p.provider + "/" + p.pool)}" data-waiting-for-quota="${p.waiting_for_quota}">` +
       `<td>${id(p.pool)}</td><td>${status}</td>` +
-      `<td>${p.configured ? meter(p.used.instances, p.max_servers, "servers") : `${fmt(p.used.instances)} servers <span class="muted">(not in this process's configuration)</span>`}` +
+      `<td>${p.configured ? meter(p.used.instances, p.max_servers, "servers") : `${plural(p.used.instances, "server")} <span class="muted">(not in this process's configuration)</span>`}` +
       `${extra.map((e) => `<div>${e}</div>`).join("")}</td>` +
       `<td>${countBadges(new Map(Object.entries(p.states || {})), nodeStates, { provider: p.provider })}</td>` +
       `<td>${(p.labels || []).map((l) => `<a href="${link({ label: l })}" class="tag">${esc(l)}</a>`).join(" ")}</td>` +
