@@ -132,7 +132,20 @@ func TestDashboardLoadingUntilFirstData(t *testing.T) {
 // still loading.
 func TestDashboardHeadlessDumpAndScreenshot(t *testing.T) {
 	t.Parallel()
-	b := startBoard(t, boardConfig)
+	// The event stream sends nothing: what the page shows when loaded
+	// came before its load event.
+	b := startBoardWith(t, boardConfig, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/dashboard/events" {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(http.StatusOK)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
 	now := time.Now().UTC()
 	b.component(launcherRecord(false))
 	b.node(kv.Node{ID: "n-ready", State: kv.NodeReady, Labels: []string{"small"}, Provider: "east", Pool: "main", Launcher: "launcher-1", Created: now, StateTime: now})
@@ -373,7 +386,10 @@ func TestDashboardTenThousandNodes(t *testing.T) {
 	}
 	b.flush()
 	b.synced(total, 0)
-	ctx := browser(t)
+	// A page that draws every node would take minutes: fail in a bounded
+	// time instead.
+	ctx, cancel := context.WithTimeout(browser(t), 3*time.Minute)
+	defer cancel()
 	navigate(t, ctx, b.http.URL+"/dashboard/")
 	type stats struct {
 		FirstRender  float64 `json:"firstRender"`

@@ -255,6 +255,9 @@ func (b *board) putAsync(n kv.Node) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
+	if b.js.PublishAsyncPending() >= 1000 {
+		b.flush() // the client allows a few thousand in flight
+	}
 	if _, err := b.js.PublishAsync("$KV."+kv.BucketNodes+"."+n.ID, data); err != nil {
 		b.t.Fatalf("writing node %s: %v", n.ID, err)
 	}
