@@ -91,6 +91,7 @@ func (c *cleanup) run(ctx context.Context) {
 		// up none of them.
 		c.handBack(ctx)
 		c.revisit(ctx)
+		c.unaccountable(ctx)
 		c.expire(ctx)
 		c.expireRequests(ctx)
 		c.requests(ctx)
@@ -413,12 +414,15 @@ func (c *cleanup) requests(ctx context.Context) {
 		c.orphanPools[ref]++
 	}
 	for _, id := range declined {
-		_, _ = l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
 			if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
 				return kv.ErrSkip
 			}
 			return nil
 		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not fail a request every live pool declined", "request", id, "err", err)
+		}
 	}
 	for _, id := range orphaned {
 		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
@@ -443,6 +447,7 @@ func (c *cleanup) requests(ctx context.Context) {
 // accounts for, once seen in two sweeps in a row.
 func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider, suspects map[string]int) {
 	l := c.l
+	listed := time.Now()
 	insts, err := drv.ListInstances(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -450,6 +455,7 @@ func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, prov
 		}
 		return
 	}
+	c.deadNodes(ctx, provider, drv, insts, listed) // deadnodes.go
 	seen := map[string]bool{}
 	for _, inst := range insts {
 		if inst.Tags[drivers.TagProvider] != provider {

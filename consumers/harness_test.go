@@ -53,6 +53,8 @@ type harness struct {
 	options func(*consumers.Options)
 	// watched are more caches whose changes wake wait (see watchToo).
 	watched []func() (signal <-chan struct{}, drain, stop func())
+	// log, if set, is the log of the launchers started from now.
+	log *slog.Logger
 
 	mu        sync.Mutex
 	launchers []*launcher // started, running or not
@@ -134,6 +136,14 @@ func runCache[T any](t testing.TB, c *kv.Cache[T]) {
 	}
 }
 
+// launcherLog is the log of a launcher started now.
+func (h *harness) launcherLog() *slog.Logger {
+	if h.log != nil {
+		return h.log
+	}
+	return testLog(h.t)
+}
+
 // launcher is a launcher running in this test process.
 type launcher struct {
 	*consumers.Launcher
@@ -193,9 +203,9 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 	}
 	opts := consumers.Options{
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
-		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
+		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
 		NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-			p, err := service.NewProvider(ctx, js, pc, 1, testLog(h.t))
+			p, err := service.NewProvider(ctx, js, pc, 1, h.launcherLog())
 			if err != nil {
 				return nil, err
 			}

@@ -177,6 +177,11 @@ func (u *usage) apply(ch kv.Change[kv.Node]) {
 }
 
 func (u *usage) add(n *kv.Node, size kv.Resources) {
+	if !n.Accountable() {
+		// A record the service cannot account for holds nothing it
+		// knows of; the cleanup ends it.
+		return
+	}
 	if n.Provider == u.provider {
 		u.provUsed = u.provUsed.Add(size)
 		if n.Pool == u.pool {
@@ -186,21 +191,6 @@ func (u *usage) add(n *kv.Node, size kv.Resources) {
 	if n.Tenant != "" {
 		u.tenants[n.Tenant] = u.tenants[n.Tenant].Add(size)
 	}
-}
-
-// describeNeed prints resources for messages.
-func describeNeed(r kv.Resources) string {
-	parts := []string{fmt.Sprintf("%d servers", r.Instances)}
-	if r.Cores > 0 {
-		parts = append(parts, fmt.Sprintf("%d cores", r.Cores))
-	}
-	if r.RAM > 0 {
-		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
-	}
-	for _, k := range slices.Sorted(maps.Keys(r.Other)) {
-		parts = append(parts, fmt.Sprintf("%d %s", r.Other[k], k))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // cloudQuota is the provider's quota as the cloud last reported it, and
