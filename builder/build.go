@@ -146,22 +146,27 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 }
 
 // nextID takes the next build or upload id of an image from its record.
+// Ids never go back to one seen before, even when the record is gone with
+// its bucket (deleted and made again, see internal/repair): an id given
+// twice would make the new build's upload trigger a duplicate of the old
+// one's, and its image's name that of the old one.
 func (b *Builder) nextID(ctx context.Context, image string, upload bool) (string, error) {
 	for {
+		seenBuild, seenUpload := b.lastIDs(image)
 		e, err := b.img.Images.Modify(ctx, kv.DiskImageKey(image), func(d *kv.DiskImage) error {
 			if upload {
-				d.UploadSeq++
+				d.UploadSeq = max(d.UploadSeq, seenUpload) + 1
 			} else {
-				d.BuildSeq++
+				d.BuildSeq = max(d.BuildSeq, seenBuild) + 1
 			}
 			return nil
 		})
 		if errors.Is(err, kv.ErrNotFound) {
 			d := &kv.DiskImage{Name: image}
 			if upload {
-				d.UploadSeq = 1
+				d.UploadSeq = seenUpload + 1
 			} else {
-				d.BuildSeq = 1
+				d.BuildSeq = seenBuild + 1
 			}
 			_, err = b.img.Images.Create(ctx, kv.DiskImageKey(image), d)
 			if errors.Is(err, kv.ErrExists) {
@@ -170,7 +175,10 @@ func (b *Builder) nextID(ctx context.Context, image string, upload bool) (string
 			if err != nil {
 				return "", err
 			}
-			return kv.ImageSeqID(1), nil
+			if upload {
+				return kv.ImageSeqID(d.UploadSeq), nil
+			}
+			return kv.ImageSeqID(d.BuildSeq), nil
 		}
 		if err != nil {
 			return "", err
@@ -180,6 +188,28 @@ func (b *Builder) nextID(ctx context.Context, image string, upload bool) (string
 		}
 		return kv.ImageSeqID(e.Value.BuildSeq), nil
 	}
+}
+
+// noteIDs remembers the highest build and upload ids an image record gave
+// out (it is told every change of the images cache).
+func (b *Builder) noteIDs(ch kv.Change[kv.DiskImage]) {
+	if ch.New == nil {
+		return
+	}
+	d := ch.New.Value
+	b.idsMu.Lock()
+	defer b.idsMu.Unlock()
+	last := b.ids[d.Name]
+	b.ids[d.Name] = [2]uint64{max(last[0], d.BuildSeq), max(last[1], d.UploadSeq)}
+}
+
+// lastIDs returns the highest build and upload ids of an image this
+// process has seen given out.
+func (b *Builder) lastIDs(image string) (build, upload uint64) {
+	b.idsMu.Lock()
+	defer b.idsMu.Unlock()
+	last := b.ids[image]
+	return last[0], last[1]
 }
 
 // startBuild records a new build of an image, owned by this run.

@@ -35,7 +35,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
-	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
@@ -131,6 +131,11 @@ type Builder struct {
 	mu     sync.Mutex
 	active map[string]bool // builds and uploads running in this process
 
+	// ids holds, by image, the highest build and upload ids seen given
+	// out (see nextID).
+	idsMu sync.Mutex
+	ids   map[string][2]uint64
+
 	metrics *metrics.Builder
 
 	// up is true while every worker group of this builder is running.
@@ -192,7 +197,9 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 		builds:  kv.NewCache(img.Builds, log),
 		uploads: kv.NewCache(img.Uploads, log),
 		active:  map[string]bool{},
+		ids:     map[string][2]uint64{},
 	}
+	bl.images.Observe(bl.noteIDs)
 	bl.live.Store(&liveConfig{cfg: opts.Config, providers: bl.pace(opts.Config, opts.Providers)})
 	bl.metrics = metrics.NewBuilder(opts.Metrics, bl.workers)
 	return bl, nil
@@ -412,16 +419,18 @@ func (b *Builder) handleGuarded(ctx context.Context, msg jetstream.Msg, what str
 	handle(ctx, msg)
 }
 
-// startWorkers creates a worker group's durable consumer and runs n
-// workers that each take one trigger at a time, so a trigger waits in the
-// stream, not in a process, until a worker is free.
+// startWorkers creates a worker group's durable consumer (made again if it
+// is deleted, see internal/durable) and runs n workers that each take one
+// trigger at a time, so a trigger waits in the stream, not in a process,
+// until a worker is free.
 func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, what, subject string, n int,
 	handle func(context.Context, jetstream.Msg)) error {
 	if n == 0 {
 		return nil
 	}
-	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
-		return b.js.CreateOrUpdateConsumer(ctx, events.BuildsStream, jetstream.ConsumerConfig{
+	cons, err := durable.Open(ctx, b.js, durable.Options{
+		Stream: events.BuildsStream,
+		Config: jetstream.ConsumerConfig{
 			Durable:       name,
 			Description:   what,
 			FilterSubject: subject,
@@ -430,29 +439,32 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 			MaxDeliver:    triggerMaxDeliver,
 			MaxAckPending: 1000,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
+		},
+		Log: b.log,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the %s consumer: %w", what, err)
 	}
+	var workers sync.WaitGroup
 	for range n {
-		wg.Go(func() { b.work(ctx, cons, what, handle) })
+		workers.Go(func() { b.work(ctx, cons, what, handle) })
 	}
+	wg.Go(func() {
+		workers.Wait()
+		cons.Stop()
+	})
 	return nil
 }
 
-func (b *Builder) work(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) {
+func (b *Builder) work(ctx context.Context, cons *durable.Consumer, what string, handle func(context.Context, jetstream.Msg)) {
 	for ctx.Err() == nil {
 		// A short wait per pull: a pull lost with a server of the
 		// cluster is made again soon.
-		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		msg, err := cons.Next(jetstream.FetchContext(fctx))
-		timedOut := fctx.Err() != nil
-		cancel()
+		msg, err := cons.Next(ctx, 5*time.Second)
 		if err != nil {
-			if ctx.Err() != nil || timedOut || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) ||
-				errors.Is(err, context.DeadlineExceeded) {
-				continue // nothing to do for a while
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) ||
+				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, durable.ErrUnavailable) {
+				continue // nothing to do for a while, or the consumer is being made again
 			}
 			b.log.Warn("could not fetch a trigger; retrying", "group", what, "err", err)
 			wait.Sleep(ctx, time.Second)

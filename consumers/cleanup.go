@@ -438,6 +438,7 @@ func (c *cleanup) requests(ctx context.Context) {
 // accounts for, once seen in two sweeps in a row.
 func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider, suspects map[string]int) {
 	l := c.l
+	listed := time.Now()
 	insts, err := drv.ListInstances(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -445,6 +446,7 @@ func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, prov
 		}
 		return
 	}
+	c.deadNodes(ctx, provider, drv, insts, listed) // deadnodes.go
 	seen := map[string]bool{}
 	for _, inst := range insts {
 		if inst.Tags[drivers.TagProvider] != provider {

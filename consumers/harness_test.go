@@ -51,6 +51,8 @@ type harness struct {
 	// options, if set, changes the options of the launchers started from
 	// now.
 	options func(*consumers.Options)
+	// log, if set, is the log of the launchers started from now.
+	log *slog.Logger
 
 	mu        sync.Mutex
 	launchers []*launcher // started, running or not
@@ -123,6 +125,14 @@ func runCache[T any](t testing.TB, c *kv.Cache[T]) {
 	}
 }
 
+// launcherLog is the log of a launcher started now.
+func (h *harness) launcherLog() *slog.Logger {
+	if h.log != nil {
+		return h.log
+	}
+	return testLog(h.t)
+}
+
 // launcher is a launcher running in this test process.
 type launcher struct {
 	*consumers.Launcher
@@ -179,7 +189,7 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 	}
 	opts := consumers.Options{
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
-		SyncInterval: 200 * time.Millisecond, Log: testLog(h.t).With("launcher", id),
+		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
 	}
 	if h.options != nil {
 		h.options(&opts)

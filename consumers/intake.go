@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
-	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 )
@@ -34,7 +34,7 @@ type stoppable interface{ Stop() }
 type workerPool struct {
 	queues []chan jetstream.Msg
 	wg     sync.WaitGroup
-	cc     jetstream.ConsumeContext
+	cons   *durable.Consumer
 }
 
 // A pull lives pullExpiry on the server that leads the consumer, which
@@ -48,8 +48,10 @@ const (
 	pullHeartbeat = time.Second
 )
 
-func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
-	wp := &workerPool{queues: make([]chan jetstream.Msg, n)}
+// startWorkers consumes a worker group's durable consumer (made again if
+// it is deleted, see internal/durable) with n workers.
+func startWorkers(ctx context.Context, cons *durable.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
+	wp := &workerPool{queues: make([]chan jetstream.Msg, n), cons: cons}
 	for i := range wp.queues {
 		q := make(chan jetstream.Msg, 64)
 		wp.queues[i] = q
@@ -59,16 +61,16 @@ func startWorkers(ctx context.Context, cons jetstream.Consumer, n int, key func(
 			}
 		})
 	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
+	err := cons.Consume(func(msg jetstream.Msg) {
 		h := fnv.New32a()
 		h.Write([]byte(key(msg)))
 		wp.queues[h.Sum32()%uint32(n)] <- msg
 	}, jetstream.PullMaxMessages(512), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
+		cons.Stop()
 		wp.close()
 		return nil, err
 	}
-	wp.cc = cc
 	return wp, nil
 }
 
@@ -81,14 +83,18 @@ func (wp *workerPool) close() {
 
 // Stop stops taking messages and waits for the handlers in progress.
 func (wp *workerPool) Stop() {
-	wp.cc.Drain()
-	<-wp.cc.Closed()
+	wp.cons.Stop()
 	wp.close()
 }
 
 func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
-	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
-		return l.js.CreateOrUpdateConsumer(ctx, events.RequestsStream, jetstream.ConsumerConfig{
+	// A consumer made again after a deletion starts after the last
+	// message the old one acknowledged: from the start of the stream,
+	// messages whose requests were served and deleted long ago (their
+	// delete markers purged) would be recorded again.
+	cons, err := durable.Open(ctx, l.js, durable.Options{
+		Stream: events.RequestsStream,
+		Config: jetstream.ConsumerConfig{
 			Durable:        IntakeConsumer,
 			Description:    "records node requests",
 			FilterSubjects: []string{events.NewRequestSubject, events.OwnedRequestSubjects},
@@ -98,7 +104,9 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 			MaxDeliver:     intakeMaxDeliver,
 			MaxAckPending:  10000,
 			DeliverPolicy:  jetstream.DeliverAllPolicy,
-		})
+		},
+		Resume: true,
+		Log:    l.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)

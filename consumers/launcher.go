@@ -390,6 +390,12 @@ func (l *Launcher) gone(ctx context.Context, id string) bool {
 	if l.alive(id) {
 		return false
 	}
+	if t := l.components.Restarted(); !t.IsZero() && time.Since(t) < l.opts.LeaseTTL {
+		// The components bucket was deleted and made again a moment ago:
+		// live launchers write their heartbeats again within a TTL, and
+		// until then a missing one means nothing.
+		return false
+	}
 	e, err := l.b.Components.Get(ctx, id)
 	switch {
 	case errors.Is(err, kv.ErrNotFound):

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/drivers"
-	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -88,9 +88,9 @@ func newLifecycle(l *Launcher) *lifecycle {
 }
 
 func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
-	stream := "KV_" + kv.BucketNodes
-	cons, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
-		return lc.l.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+	cons, err := durable.Open(ctx, lc.l.js, durable.Options{
+		Stream: "KV_" + kv.BucketNodes,
+		Config: jetstream.ConsumerConfig{
 			Durable:       LifecycleConsumer,
 			Description:   "node lifecycle: launches and deletes",
 			FilterSubject: "$KV." + kv.BucketNodes + ".>",
@@ -100,7 +100,8 @@ func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 			MaxDeliver:    lifecycleMaxDeliver,
 			MaxAckPending: 20000,
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		})
+		},
+		Log: lc.l.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)

@@ -91,6 +91,44 @@ type Instance struct {
 	Attributes     map[string]string
 	ImageID        string
 	Resources      Resources
+	// Run is whether the instance runs, as the listing (or the create
+	// machine's last look) shows it, and Status is the cloud's own word
+	// for its state (ACTIVE, SHUTOFF, running, stopped), which reasons
+	// and logs quote.
+	Run    RunState
+	Status string
+}
+
+// RunState is whether an instance runs, as a listing shows it.
+type RunState uint8
+
+const (
+	// RunUnknown: the driver does not say (a status it does not know);
+	// nothing is judged by it.
+	RunUnknown RunState = iota
+	// Running: the instance runs (OpenStack ACTIVE, EC2 running).
+	Running
+	// Changing: the instance is on its way to running, or back to it
+	// (booting, rebooting, resizing, migrating, starting); nothing is
+	// judged by it.
+	Changing
+	// Down: the instance does not run and will not by itself: shut off,
+	// stopped, in error, paused, suspended, shelved, being deleted or
+	// terminated.
+	Down
+)
+
+// String is the state's name, for logs.
+func (s RunState) String() string {
+	switch s {
+	case Running:
+		return "running"
+	case Changing:
+		return "changing"
+	case Down:
+		return "down"
+	}
+	return "unknown"
 }
 
 // NodeID is the node id tagged on the instance, if it is one of ours.
@@ -203,6 +241,23 @@ func RetryAfter(err error) time.Duration {
 		return ra.RetryAfter()
 	}
 	return 0
+}
+
+// Liveness is implemented by providers whose ListInstances lists the
+// instance of every node of theirs, with its run state (Instance.Run):
+// a node's instance that a listing lacks is gone, one it shows Down is
+// dead. The cleanup leader judges every listing it makes so: a ready node
+// whose instance is gone or dead is failed (and so replaced; a request it
+// was allocated to and that is still pending gets another node), and a
+// node in use or held gets what was seen in its instance_down, for its
+// holder. Providers whose nodes are not instances they list (static
+// hosts) do not implement it.
+type Liveness interface {
+	// ListingAge bounds how long before a ListInstances call the listing
+	// it answers from may have started (0: it starts during the call, or
+	// reflects every change made before it): a node ready since later is
+	// not judged by that listing.
+	ListingAge() time.Duration
 }
 
 // Interrupter is implemented by drivers whose cloud takes instances back

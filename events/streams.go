@@ -85,19 +85,53 @@ func StreamConfigs(replicas int) []jetstream.StreamConfig {
 // natsretry).
 func Ensure(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
 	for _, cfg := range StreamConfigs(replicas) {
-		_, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, cfg) })
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			log.Warn("stream exists with other settings; using it as it is", "stream", cfg.Name)
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
-		}
-		if _, err := natsretry.Await(ctx, jetstream.ErrStreamNotFound, func(ctx context.Context) (jetstream.Stream, error) {
-			return js.Stream(ctx, cfg.Name)
-		}); err != nil {
-			return fmt.Errorf("opening stream %s: %w", cfg.Name, err)
+		if err := EnsureStream(ctx, js, cfg, log); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// EnsureStream creates one stream if it does not exist yet (see Ensure).
+// A stream that differs only by its first sequence (the requests stream
+// made again, see Remake) is the same stream.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, log *slog.Logger) error {
+	create := func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, cfg) }
+	_, err := natsretry.Do(ctx, create)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		if s, serr := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, cfg.Name) }); serr == nil &&
+			s.CachedInfo().Config.FirstSeq != cfg.FirstSeq {
+			cfg.FirstSeq = s.CachedInfo().Config.FirstSeq
+			_, err = natsretry.Do(ctx, create)
+		}
+	}
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		log.Warn("stream exists with other settings; using it as it is", "stream", cfg.Name)
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
+	}
+	if _, err := natsretry.Await(ctx, jetstream.ErrStreamNotFound, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.Stream(ctx, cfg.Name)
+	}); err != nil {
+		return fmt.Errorf("opening stream %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// RemadeSequenceGap is how far past the last sequence seen of a deleted
+// stream the stream made again starts: more than could be published
+// between that look (a second before) and the deletion.
+const RemadeSequenceGap = 100000
+
+// Remake makes a deleted stream again. Records name messages by their
+// sequence, and outlive the stream: a request without an id of its own is
+// named after its sequence, a build records the sequence of the trigger it
+// answers. So the stream made again starts its sequences RemadeSequenceGap
+// past last, the last sequence seen of the old one, so that no new message
+// is taken for an old one.
+func Remake(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, last uint64, log *slog.Logger) error {
+	cfg.FirstSeq = last + RemadeSequenceGap
+	return EnsureStream(ctx, js, cfg, log)
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
 // Change is one change seen by a Cache: New is nil when the key was deleted,
@@ -49,6 +51,12 @@ type Cache[T any] struct {
 	// bad holds the records the watch saw that do not decode, until a
 	// newer revision of their key replaces or deletes them.
 	bad map[string]BadRecord
+
+	// created is when the bucket's stream the cache holds the records of
+	// was made (used by Run only); restarted is when the cache last
+	// started afresh because the bucket was deleted and made again.
+	created   time.Time
+	restarted time.Time
 }
 
 // BadRecord is a record that does not decode: its key, revision, stored
@@ -95,17 +103,40 @@ func (c *Cache[T]) WaitSynced(ctx context.Context) error {
 }
 
 // Run watches the bucket until ctx ends, restarting the watch where it
-// stopped if it fails or falls silent while the stream moves on.
+// stopped if it fails or falls silent while the stream moves on. When the
+// bucket is deleted, it waits for it to be made again (see
+// internal/repair) and then holds the records of the new bucket: the
+// records it held are dropped, as deletions.
 func (c *Cache[T]) Run(ctx context.Context) error {
 	var last uint64
+	missing := 0
 	for ctx.Err() == nil {
+		// The stream's last sequence before the watch starts: once the
+		// watch has delivered what was pending, the cache covers it.
+		target, created, err := c.streamState(ctx)
+		if bucketMissing(err) {
+			if missing == 0 {
+				c.log.Info("the bucket is missing; watching it again once it is made again")
+			}
+			if !wait.Sleep(ctx, min(wait.Backoff(missing), time.Second)) {
+				break
+			}
+			missing++
+			continue
+		}
+		missing = 0
+		if err == nil {
+			if !c.created.IsZero() && !created.Equal(c.created) {
+				c.log.Info("the bucket was deleted and made again; its records are gone, watching the new one")
+				c.reset()
+				last = 0
+			}
+			c.created = created
+		}
 		var opts []jetstream.WatchOpt
 		if last > 0 {
 			opts = append(opts, jetstream.ResumeFromRevision(last+1))
 		}
-		// The stream's last sequence before the watch starts: once the
-		// watch has delivered what was pending, the cache covers it.
-		target, _ := c.streamLast(ctx)
 		w, err := c.store.watch(ctx, opts...)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -118,10 +149,52 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		last = c.consume(ctx, w, last, target)
+		last = c.consume(ctx, w, last, target, created)
 		_ = w.Stop()
 	}
 	return nil
+}
+
+// bucketMissing reports whether an error says the bucket does not exist.
+func bucketMissing(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// reset drops every record, as deletions, and what the cache knew of the
+// bucket's revisions: the bucket was made again, and its revisions start
+// again from one.
+func (c *Cache[T]) reset() {
+	c.mu.Lock()
+	var changes []Change[T]
+	for key, old := range c.entries {
+		ch := Change[T]{Key: key, Old: old, Revision: old.Revision}
+		changes = append(changes, ch)
+		for _, s := range c.subs {
+			s.push(ch)
+		}
+	}
+	c.entries = map[string]*Entry[T]{}
+	c.gone = map[string]uint64{}
+	c.bad = map[string]BadRecord{}
+	c.fresh = 0
+	c.restarted = time.Now()
+	observers := c.observers
+	c.mu.Unlock()
+	for _, ch := range changes {
+		for _, fn := range observers {
+			fn(ch)
+		}
+	}
+}
+
+// Restarted is when the cache last started afresh because its bucket was
+// deleted and made again (zero if never). Until every process has written
+// its records again (a heartbeat, a lease), their absence then means
+// nothing.
+func (c *Cache[T]) Restarted() time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.restarted
 }
 
 // Start runs the cache in the background until the returned stop is
@@ -139,20 +212,21 @@ func (c *Cache[T]) Start() (stop func()) {
 	}
 }
 
-// streamLast reads the last sequence of the bucket's stream (from the
-// stream's leader).
-func (c *Cache[T]) streamLast(ctx context.Context) (uint64, error) {
+// streamState reads the last sequence of the bucket's stream (from the
+// stream's leader) and when the stream was made.
+func (c *Cache[T]) streamState(ctx context.Context) (uint64, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	st, err := c.store.kv.Status(ctx)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	bst, ok := st.(*jetstream.KeyValueBucketStatus)
 	if !ok {
-		return 0, errors.New("unexpected bucket status")
+		return 0, time.Time{}, errors.New("unexpected bucket status")
 	}
-	return bst.StreamInfo().State.LastSeq, nil
+	info := bst.StreamInfo()
+	return info.State.LastSeq, info.Created, nil
 }
 
 // advance records that the cache holds every change up to seq.
@@ -171,7 +245,7 @@ func (c *Cache[T]) advance(seq uint64) {
 // sweep) calls it before acting on the cache, so that it does not act on
 // a view older than its predecessor's.
 func (c *Cache[T]) Sync(ctx context.Context) error {
-	target, err := c.streamLast(ctx)
+	target, _, err := c.streamState(ctx)
 	if err != nil {
 		return err
 	}
@@ -190,7 +264,7 @@ func (c *Cache[T]) Sync(ctx context.Context) error {
 	}
 }
 
-func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last, target uint64) uint64 {
+func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last, target uint64, created time.Time) uint64 {
 	if last > 0 {
 		// A resumed watch sends no initial-values marker we need.
 		c.markSynced()
@@ -228,7 +302,14 @@ func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last, ta
 				return last
 			}
 			suspect = 0
-			if seq, err := c.streamLast(ctx); err == nil && seq > fresh {
+			seq, cr, err := c.streamState(ctx)
+			switch {
+			case bucketMissing(err):
+				return last // deleted: Run waits for it to be made again
+			case err != nil:
+			case !created.IsZero() && !cr.Equal(created):
+				return last // deleted and made again: Run starts afresh
+			case seq > fresh:
 				suspect = seq
 			}
 		case e, ok := <-w.Updates():

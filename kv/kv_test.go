@@ -193,7 +193,7 @@ func TestCloneIsDeep(t *testing.T) {
 	// Every field of Node is copied: a field added later without Clone
 	// support shows up here through its zero value in the copy.
 	rv := reflect.ValueOf(kv.Node{}).NumField()
-	if rv != 40 {
+	if rv != 41 {
 		t.Errorf("Node has %d fields; check that Clone copies the new ones deeply and update this count", rv)
 	}
 	r := kv.Request{ID: "r", Labels: []string{"a"}, Nodes: []string{"n"}, DeclinedBy: []string{"p"}, RequestorData: []byte(`{}`)}

@@ -142,10 +142,16 @@ func (l *Lease) acquired(rev uint64, sent time.Time) {
 }
 
 // Renew extends a held lease. An ErrConflict or ErrNotFound means it was lost.
+//
+// A key that is missing although the holder wrote it less than a TTL ago
+// did not expire: it was deleted (by an operator, or with its bucket,
+// which is then made again, see internal/repair). If nobody took the lease
+// meanwhile, the holder writes it again and goes on holding it; if
+// somebody did, it is lost.
 func (l *Lease) Renew(ctx context.Context) error {
 	sent := l.clock.Now()
 	l.mu.Lock()
-	rev, since := l.rev, l.since
+	rev, since, last := l.rev, l.since, l.sent
 	l.mu.Unlock()
 	rec := &LeaseRecord{Holder: l.holder, Acquired: since, Renewed: sent.UTC()}
 	nrev, err := l.store.Update(ctx, l.key, rec, rev)
@@ -154,8 +160,17 @@ func (l *Lease) Renew(ctx context.Context) error {
 		// may have landed all the same: the lease is still this
 		// holder's, from this acquisition, if the record says so.
 		e, gerr := l.store.Get(ctx, l.key)
-		if gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(since) {
+		switch {
+		case gerr == nil && e.Value.Holder == l.holder && e.Value.Acquired.Equal(since):
 			nrev, err = l.store.Update(ctx, l.key, rec, e.Revision)
+		case errors.Is(gerr, ErrNotFound) && sent.Sub(last) < l.ttl:
+			nrev, err = l.store.Create(ctx, l.key, rec)
+			switch {
+			case err == nil:
+				l.log.Warn("the lease's key was deleted while held; written again")
+			case errors.Is(err, ErrExists):
+				err = fmt.Errorf("%w: the lease's key was deleted and taken by another holder", ErrConflict)
+			}
 		}
 	}
 	if err != nil {

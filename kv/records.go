@@ -71,6 +71,12 @@ type Node struct {
 
 	// Reason says why a node failed (extension of Nodepool's record).
 	Reason string `json:"reason,omitempty"`
+	// InstanceDown, on a node in use or held, says that the cleanup found
+	// its instance gone or not running, and how ("instance gone from the
+	// cloud", "instance is SHUTOFF"); it is cleared if the instance runs
+	// again (extension). A ready node whose instance is so is failed
+	// instead, with that as its reason.
+	InstanceDown string `json:"instance_down,omitempty"`
 	// Attempt counts launch attempts so far (extension).
 	Attempt int `json:"attempt,omitempty"`
 	// Owner is the identity of the requestor that took the node (the

@@ -61,6 +61,7 @@ type Launcher struct {
 	deleted        *prometheus.CounterVec
 	passes         *prometheus.HistogramVec
 	interruptions  *prometheus.CounterVec
+	deadInstances  *prometheus.CounterVec
 }
 
 // launchBuckets span a simulated boot (a tenth of a second) to
@@ -126,8 +127,12 @@ func NewLauncher(r *Registry, cfg func() *config.Config) *Launcher {
 			Name: "nodepool_interruptions_total",
 			Help: "Nodes whose instance the cloud takes back (spot interruptions) that this process acted on: replaced (a ready node) or told (its reason set), by provider and action.",
 		}, []string{"provider", "action"}),
+		deadInstances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodepool_dead_instances_total",
+			Help: "Nodes whose instance the cleanup found gone from the cloud or not running: failed (a ready node, replaced) or told (the instance_down of a node in use or held set), by provider and action.",
+		}, []string{"provider", "action"}),
 	}
-	r.prom.MustRegister(m.launches, m.launchFailures, m.attemptsFailed, m.cloudWaits, m.received, m.requests, m.fulfilTime, m.allocated, m.deleted, m.passes, m.interruptions)
+	r.prom.MustRegister(m.launches, m.launchFailures, m.attemptsFailed, m.cloudWaits, m.received, m.requests, m.fulfilTime, m.allocated, m.deleted, m.passes, m.interruptions, m.deadInstances)
 	// Failures start at zero for every provider, so that a graph of
 	// their rate starts with the first one.
 	for _, p := range cfg().Providers {
@@ -247,6 +252,12 @@ func (m *Launcher) NodeDeleted(provider, label string) {
 // is "replaced" or "told".
 func (m *Launcher) Interruption(provider, action string) {
 	m.interruptions.WithLabelValues(provider, action).Inc()
+}
+
+// DeadInstance counts a node whose instance was found gone or not
+// running: action is "failed" or "told".
+func (m *Launcher) DeadInstance(provider, action string) {
+	m.deadInstances.WithLabelValues(m.provider(provider), action).Inc()
 }
 
 // Pass records a scheduler pass.

@@ -34,6 +34,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 	"github.com/nodepool-nats/nodepool/zkbridge"
@@ -65,6 +66,11 @@ type Process struct {
 	builder   *builder.Builder
 	bridge    *zkbridge.Bridge
 	metrics   *metrics.Registry
+	// keeper makes again the streams, buckets and object stores of the
+	// process when they are deleted; fakeKept lists those of the fake
+	// clouds (which a reload may change).
+	keeper   *repair.Keeper
+	fakeKept map[string]bool
 }
 
 // Start brings a process up to the point where its roles can run: NATS
@@ -175,8 +181,70 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			return nil, err
 		}
 	}
+	if s.HasRole(config.RoleBuilder) {
+		// The builder opens it again when it runs; made now, the keeper
+		// looks after it from the start.
+		if _, err := builder.EnsureFiles(ctx, p.js, s.Replicas, log); err != nil {
+			return nil, err
+		}
+	}
+	p.keeper = repair.New(p.js, 0, log)
+	p.keep(cfg)
 	ok = true
 	return p, nil
+}
+
+// keep has the keeper look after the streams, buckets and object store of
+// the process's roles, and the fake clouds' buckets of a configuration,
+// which exist by now.
+func (p *Process) keep(cfg *config.Config) {
+	s := p.Settings
+	for _, sc := range events.StreamConfigs(s.Replicas) {
+		p.keeper.Keep(sc.Name, "stream "+sc.Name, true, func(ctx context.Context, last uint64) error {
+			return events.Remake(ctx, p.js, sc, last, p.Log)
+		})
+	}
+	for _, bc := range kv.BucketConfigs(kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL}) {
+		p.keepBucket(bc)
+	}
+	if s.HasRole(config.RoleBuilder) {
+		p.keeper.Keep("OBJ_"+builder.FilesBucket, "object store "+builder.FilesBucket, false, func(ctx context.Context, _ uint64) error {
+			_, err := builder.EnsureFiles(ctx, p.js, s.Replicas, p.Log)
+			return err
+		})
+	}
+	p.keepFake(cfg)
+}
+
+func (p *Process) keepBucket(bc jetstream.KeyValueConfig) {
+	p.keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, false, func(ctx context.Context, _ uint64) error {
+		_, err := kv.EnsureBucket(ctx, p.js, bc, p.Log)
+		return err
+	})
+}
+
+// keepFake looks after the buckets of the fake clouds of a
+// configuration, and no longer after those of clouds it dropped.
+func (p *Process) keepFake(cfg *config.Config) {
+	next := map[string]bool{}
+	if p.Settings.HasRole(config.RoleLauncher) || p.Settings.HasRole(config.RoleBuilder) {
+		for i := range cfg.Providers {
+			pc := &cfg.Providers[i]
+			if pc.Driver != "fake" {
+				continue
+			}
+			for _, bc := range fake.BucketConfigs(pc, p.Settings.Replicas).All() {
+				next["KV_"+bc.Bucket] = true
+				p.keepBucket(bc)
+			}
+		}
+	}
+	for stream := range p.fakeKept {
+		if !next[stream] {
+			p.keeper.Forget(stream)
+		}
+	}
+	p.fakeKept = next
 }
 
 // NewProviders constructs the driver of every provider of the
@@ -316,6 +384,7 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 	}
 	p.providers = next
 	p.cfg.Store(cfg)
+	p.keepFake(cfg)
 	slices.Sort(added)
 	slices.Sort(changed)
 	slices.Sort(removed)
@@ -384,6 +453,14 @@ func (p *Process) Alive() error {
 func (p *Process) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
+	// The keeper runs as long as the roles: what it makes again, they use.
+	kctx, stopKeeper := context.WithCancel(ctx)
+	var keeper sync.WaitGroup
+	keeper.Go(func() { p.keeper.Run(kctx) })
+	defer func() {
+		stopKeeper()
+		keeper.Wait()
+	}()
 	if l := p.launcher; l != nil {
 		wg.Go(func() {
 			if err := l.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

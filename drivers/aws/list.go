@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -105,8 +106,33 @@ func (p *Provider) instance(in *ec2types.Instance, poolUseInternal *bool) driver
 		inst.InterfaceIP = inst.PrivateIPv4
 	}
 	inst.Resources, _ = p.resources(string(in.InstanceType), in.InstanceLifecycle == ec2types.InstanceLifecycleTypeSpot)
+	if in.State != nil {
+		inst.Status = string(in.State.Name)
+	}
+	inst.Run = runState(inst.Status)
 	return inst
 }
+
+// runState is whether an instance in an EC2 state runs: running runs,
+// pending is on its way (booting, or starting again), stopping, stopped,
+// shutting-down and terminated are down. (ListInstances lists no
+// terminated instance: one is gone from the listing.)
+func runState(state string) drivers.RunState {
+	switch ec2types.InstanceStateName(state) {
+	case ec2types.InstanceStateNameRunning:
+		return drivers.Running
+	case ec2types.InstanceStateNamePending:
+		return drivers.Changing
+	case ec2types.InstanceStateNameStopping, ec2types.InstanceStateNameStopped, ec2types.InstanceStateNameShuttingDown, ec2types.InstanceStateNameTerminated:
+		return drivers.Down
+	}
+	return drivers.RunUnknown
+}
+
+var _ drivers.Liveness = (*Provider)(nil)
+
+// ListingAge is 0: ListInstances describes the instances when called.
+func (p *Provider) ListingAge() time.Duration { return 0 }
 
 // spotNotices are the spot request status codes of an interruption to
 // come; spotTaken, of one done.

@@ -34,12 +34,53 @@ const (
 	StatusBuild    = "BUILD"
 	StatusActive   = "ACTIVE"
 	StatusError    = "ERROR"
+	StatusShutoff  = "SHUTOFF"
 	StatusDeleting = "DELETING"
 )
 
 // BucketName is the bucket holding a fake cloud's instances.
 // A dot, which bucket names cannot hold, is written "_".
 func BucketName(cloud string) string { return "fakecloud-" + strings.ReplaceAll(cloud, ".", "_") }
+
+// Buckets are the configurations of the buckets of a fake cloud.
+type Buckets struct {
+	Instances jetstream.KeyValueConfig
+	// API counts calls per second, for a cloud with an API rate limit
+	// (nil without).
+	API    *jetstream.KeyValueConfig
+	Images jetstream.KeyValueConfig
+}
+
+// All lists the buckets.
+func (b Buckets) All() []jetstream.KeyValueConfig {
+	out := []jetstream.KeyValueConfig{b.Instances, b.Images}
+	if b.API != nil {
+		out = append(out, *b.API)
+	}
+	return out
+}
+
+// BucketConfigs returns the configurations of the buckets of a fake
+// provider's cloud.
+func BucketConfigs(cfg *config.Provider, replicas int) Buckets {
+	b := Buckets{
+		Instances: jetstream.KeyValueConfig{
+			Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		},
+		Images: jetstream.KeyValueConfig{
+			Bucket: ImagesBucketName(cfg.Cloud), Description: "images of a simulated cloud",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		},
+	}
+	if cfg.APIRateLimit > 0 {
+		b.API = &jetstream.KeyValueConfig{
+			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
+			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
+		}
+	}
+	return b
+}
 
 // InstanceRecord is one instance of the fake cloud, as stored.
 type InstanceRecord struct {
@@ -55,6 +96,7 @@ type InstanceRecord struct {
 	Created  time.Time         `json:"created"`
 	ReadyAt  time.Time         `json:"ready_at"`
 	Fail     bool              `json:"fail,omitempty"`
+	Stopped  bool              `json:"stopped,omitempty"` // shut off (Stop)
 	DeleteAt *time.Time        `json:"delete_at,omitempty"`
 }
 
@@ -67,8 +109,21 @@ func (r *InstanceRecord) Status(now time.Time) string {
 		return StatusBuild
 	case r.Fail:
 		return StatusError
+	case r.Stopped:
+		return StatusShutoff
 	}
 	return StatusActive
+}
+
+// runState is whether an instance in a status runs.
+func runState(status string) drivers.RunState {
+	switch status {
+	case StatusActive:
+		return drivers.Running
+	case StatusBuild:
+		return drivers.Changing
+	}
+	return drivers.Down
 }
 
 // Provider is one fake provider: its pools' labels and flavors, and the
@@ -100,20 +155,15 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	if cfg.Driver != "fake" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
 	}
-	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket: BucketName(cfg.Cloud), Description: "instances of a simulated cloud",
-		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	}, log)
+	buckets := BucketConfigs(cfg, replicas)
+	bucket, err := kv.EnsureBucket(ctx, js, buckets.Instances, log)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
 	}
 	log = log.With("provider", cfg.Name, "cloud", cfg.Cloud)
 	var api *kv.Store[apiWindow]
-	if cfg.APIRateLimit > 0 {
-		ab, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
-			Bucket: BucketName(cfg.Cloud) + "-api", Description: "API calls of a simulated cloud, per second",
-			History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1), TTL: time.Hour,
-		}, log)
+	if buckets.API != nil {
+		ab, err := kv.EnsureBucket(ctx, js, *buckets.API, log)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
 		}
@@ -126,7 +176,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		log:   log,
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 	}
-	if err := p.openImages(ctx, js, replicas); err != nil {
+	if err := p.openImages(ctx, js, buckets.Images); err != nil {
 		return nil, err
 	}
 	p.cache = kv.NewCache(p.store, log)
@@ -254,12 +304,14 @@ func (p *Provider) QuotaForLabel(pool, label string) (drivers.Resources, error) 
 	return r, nil
 }
 
-// ListInstances lists every instance of the cloud, ours and others.
+// ListInstances lists every instance of the cloud, ours and others, as
+// the cloud holds them when it is called (the cache catches up with every
+// change made before the call, by any process).
 func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error) {
 	if err := p.apiCall(ctx); err != nil {
 		return nil, err
 	}
-	if err := p.cache.WaitSynced(ctx); err != nil {
+	if err := p.cache.Sync(ctx); err != nil {
 		return nil, err
 	}
 	var out []drivers.Instance
@@ -270,8 +322,16 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 	return out, nil
 }
 
+var _ drivers.Liveness = (*Provider)(nil)
+
+// ListingAge is 0: a listing holds every change made before the call.
+func (p *Provider) ListingAge() time.Duration { return 0 }
+
 func (p *Provider) toInstance(r *InstanceRecord) drivers.Instance {
+	status := r.Status(time.Now())
 	return drivers.Instance{
+		Run:         runState(status),
+		Status:      status,
 		ExternalID:  r.ID,
 		Name:        r.Name,
 		Tags:        r.Tags,
@@ -317,6 +377,53 @@ func (p *Provider) Inject(ctx context.Context, name string, tags map[string]stri
 		return "", err
 	}
 	return rec.ID, nil
+}
+
+// Stop shuts an instance off (SHUTOFF), as someone running `openstack
+// server stop` on it would; it stays, holding its quota.
+func (p *Provider) Stop(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Stopped = true })
+}
+
+// Start starts a shut-off instance again (ACTIVE).
+func (p *Provider) Start(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Stopped = false })
+}
+
+// Break puts an instance in ERROR, as a failing hypervisor would.
+func (p *Provider) Break(ctx context.Context, id string) error {
+	return p.change(ctx, id, func(r *InstanceRecord) { r.Fail = true })
+}
+
+// Remove deletes an instance at once, out of band, as someone running
+// `openstack server delete` on it would.
+func (p *Provider) Remove(ctx context.Context, id string) error {
+	e, err := p.store.Get(ctx, id)
+	if errors.Is(err, kv.ErrNotFound) {
+		return fmt.Errorf("fake: instance %s: %w", id, drivers.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("fake: reading instance %s: %w", id, err)
+	}
+	if err := p.cache.Delete(ctx, id, e.Revision); err != nil {
+		return fmt.Errorf("fake: deleting instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// change changes an instance's record out of band.
+func (p *Provider) change(ctx context.Context, id string, fn func(*InstanceRecord)) error {
+	_, err := p.cache.Modify(ctx, id, func(r *InstanceRecord) error {
+		fn(r)
+		return nil
+	})
+	if errors.Is(err, kv.ErrNotFound) {
+		return fmt.Errorf("fake: instance %s: %w", id, drivers.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("fake: changing instance %s: %w", id, err)
+	}
+	return nil
 }
 
 // IdempotentCreate: the instance id is derived from the node id and
@@ -499,6 +606,8 @@ func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 			return drivers.Step{}, fmt.Errorf("instance %s went to ERROR while booting", m.st.Instance)
 		case StatusDeleting:
 			return drivers.Step{}, fmt.Errorf("instance %s is being deleted", m.st.Instance)
+		case StatusShutoff:
+			return drivers.Step{}, fmt.Errorf("instance %s was shut off while booting", m.st.Instance)
 		}
 		inst := p.toInstance(&e.Value)
 		return drivers.Step{Done: true, Instance: &inst}, nil

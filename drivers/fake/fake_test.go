@@ -199,3 +199,70 @@ func must(sm drivers.StateMachine, err error) drivers.StateMachine {
 	}
 	return sm
 }
+
+// The listing says whether each instance runs, in the cloud's words, and
+// what Stop, Start, Break and Remove do out of band shows in the next
+// listing.
+func TestListingRunStates(t *testing.T) {
+	t.Parallel()
+	p := provider(t, fmt.Sprintf(cloud, "0"))
+	ids := map[string]string{}
+	for _, node := range []string{"stopped", "broken"} { // the cloud's quota: 2 instances
+		sm, _ := p.Create(req(node, 1, "small"), nil)
+		inst, err := run(t, sm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inst.Run != drivers.Running || inst.Status != fake.StatusActive {
+			t.Fatalf("a new instance is %v (%s)", inst.Run, inst.Status)
+		}
+		ids[node] = inst.ExternalID
+	}
+	if err := p.Stop(t.Context(), ids["stopped"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Break(t.Context(), ids["broken"]); err != nil {
+		t.Fatal(err)
+	}
+	listed := func() map[string]drivers.Instance {
+		t.Helper()
+		insts, err := p.ListInstances(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]drivers.Instance{}
+		for _, in := range insts {
+			out[in.ExternalID] = in
+		}
+		return out
+	}
+	got := listed()
+	for _, c := range []struct {
+		node   string
+		run    drivers.RunState
+		status string
+	}{{"stopped", drivers.Down, fake.StatusShutoff}, {"broken", drivers.Down, fake.StatusError}} {
+		if in := got[ids[c.node]]; in.Run != c.run || in.Status != c.status {
+			t.Errorf("%s: listed %v (%s), want %v (%s)", c.node, in.Run, in.Status, c.run, c.status)
+		}
+	}
+	if err := p.Start(t.Context(), ids["stopped"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Remove(t.Context(), ids["broken"]); err != nil {
+		t.Fatal(err)
+	}
+	got = listed()
+	if in := got[ids["stopped"]]; in.Run != drivers.Running || in.Status != fake.StatusActive {
+		t.Errorf("started again: listed %v (%s)", in.Run, in.Status)
+	}
+	if _, ok := got[ids["broken"]]; ok {
+		t.Error("a removed instance is still listed")
+	}
+	if err := p.Remove(t.Context(), ids["broken"]); !errors.Is(err, drivers.ErrNotFound) {
+		t.Errorf("removing it again: %v; want not found", err)
+	}
+	if err := p.Stop(t.Context(), ids["broken"]); !errors.Is(err, drivers.ErrNotFound) {
+		t.Errorf("stopping a removed instance: %v; want not found", err)
+	}
+}

@@ -43,11 +43,8 @@ type ImageRecord struct {
 	Created time.Time         `json:"created"`
 }
 
-func (p *Provider) openImages(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	bucket, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket: ImagesBucketName(p.cfg.Cloud), Description: "images of a simulated cloud",
-		History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
-	}, p.log)
+func (p *Provider) openImages(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+	bucket, err := kv.EnsureBucket(ctx, js, cfg, p.log)
 	if err != nil {
 		return fmt.Errorf("provider %s: opening the images of fake cloud %s: %w", p.cfg.Name, p.cfg.Cloud, err)
 	}

@@ -176,11 +176,12 @@ func (p *Provider) backings() []backing {
 }
 
 // retired reports whether a backing node takes no new slots and is given
-// back once empty: past max-age, failed a host-key check, or no label of
-// the provider uses its backing label any more.
+// back once empty: past max-age, failed a host-key check, its instance
+// gone or down (instance_down), or no label of the provider uses its
+// backing label any more.
 func (p *Provider) retired(b *backing, now time.Time) bool {
 	lc, ok := p.settings(b.group)
-	if !ok || b.data.Failed != "" {
+	if !ok || b.data.Failed != "" || b.Value.InstanceDown != "" {
 		return true
 	}
 	return lc.MaxAge > 0 && now.Sub(b.Value.Created) >= lc.MaxAge.D()
@@ -223,7 +224,7 @@ func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, 
 		slot := -1
 		_, err := p.nodes.Modify(ctx, b.Key, func(n *kv.Node) error {
 			d, ok := p.owned(n)
-			if !ok || n.Labels[0] != group || d.Failed != "" {
+			if !ok || n.Labels[0] != group || d.Failed != "" || n.InstanceDown != "" {
 				return errNoSlot
 			}
 			if slot = d.allocate(nodeID); slot < 0 {
@@ -400,7 +401,7 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 // instanceOf is a carved node as an instance: the backing node's connection
 // details under the carved node's id.
 func instanceOf(bn *kv.Node, nodeID, name string, tags map[string]string) drivers.Instance {
-	return drivers.Instance{
+	inst := drivers.Instance{
 		ExternalID: nodeID, Name: name, Tags: tags,
 		Region: bn.Region, AZ: bn.AZ,
 		InterfaceIP: bn.InterfaceIP, PublicIPv4: bn.PublicIPv4, PrivateIPv4: bn.PrivateIPv4, PublicIPv6: bn.PublicIPv6,
@@ -409,8 +410,18 @@ func instanceOf(bn *kv.Node, nodeID, name string, tags map[string]string) driver
 		HostKeys:   slices.Clone(bn.HostKeys),
 		Attributes: maps.Clone(bn.Attributes),
 		Resources:  drivers.Resources{Instances: 1},
+		Run:        drivers.Running, Status: "running",
 	}
+	if bn.InstanceDown != "" {
+		inst.Run, inst.Status = drivers.Down, "down with backing node "+bn.ID+" ("+bn.InstanceDown+")"
+	}
+	return inst
 }
+
+var _ drivers.Liveness = (*Provider)(nil)
+
+// ListingAge is 0: a listing holds every change made before the call.
+func (p *Provider) ListingAge() time.Duration { return 0 }
 
 var _ drivers.Owner = (*Provider)(nil)
 
@@ -447,9 +458,16 @@ func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 
 // ListInstances lists the allocated slots as instances, tagged with their
 // carved node: a slot whose node record is gone is then found as leaked by
-// cleanup and freed through Delete.
+// cleanup and freed through Delete. The listing holds every change of the
+// records made before the call. A slot runs while its backing node is
+// ours (held, in use) and its instance runs: a carved node whose backing
+// node is gone is missing from the listing, and one whose backing node's
+// instance is gone or down (its instance_down) is Down.
 func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error) {
 	if err := p.synced(ctx); err != nil {
+		return nil, err
+	}
+	if err := p.nodes.Sync(ctx); err != nil {
 		return nil, err
 	}
 	var out []drivers.Instance

@@ -18,6 +18,7 @@ func (p *Provider) toInstance(s *server) drivers.Instance {
 		ExternalID: s.ID, Name: s.Name, Tags: s.Metadata, AZ: s.AZ, Region: p.region(),
 		Resources: drivers.Resources{Instances: 1}, ImageID: s.imageID(),
 	}
+	inst.Run, inst.Status = runState(s)
 	if inst.Tags == nil {
 		inst.Tags = map[string]string{}
 	}
@@ -34,6 +35,29 @@ func (p *Provider) toInstance(s *server) drivers.Instance {
 	inst.Resources.Cores, inst.Resources.RAM = p.serverSize(s)
 	p.setAddresses(&inst, s)
 	return inst
+}
+
+// runState is whether a server runs, by its status (and task state), and
+// the status to quote. ACTIVE runs, unless it is being deleted; statuses
+// on the way to ACTIVE or back (BUILD, REBUILD, REBOOT, HARD_REBOOT,
+// RESIZE, VERIFY_RESIZE, REVERT_RESIZE, MIGRATING, PASSWORD) are
+// changing; SHUTOFF, ERROR, PAUSED, SUSPENDED, SHELVED(_OFFLOADED),
+// RESCUE, SOFT_DELETED, DELETED and UNKNOWN (its compute host does not
+// answer) are down. A status Nova may add later is unknown: nothing is
+// judged by it.
+func runState(s *server) (drivers.RunState, string) {
+	switch s.Status {
+	case "ACTIVE":
+		if s.TaskState == "deleting" {
+			return drivers.Down, "ACTIVE (task deleting)"
+		}
+		return drivers.Running, s.Status
+	case "BUILD", "REBUILD", "REBOOT", "HARD_REBOOT", "RESIZE", "VERIFY_RESIZE", "REVERT_RESIZE", "MIGRATING", "PASSWORD":
+		return drivers.Changing, s.Status
+	case "SHUTOFF", "ERROR", "PAUSED", "SUSPENDED", "SHELVED", "SHELVED_OFFLOADED", "RESCUE", "SOFT_DELETED", "DELETED", "UNKNOWN":
+		return drivers.Down, s.Status
+	}
+	return drivers.RunUnknown, s.Status
 }
 
 // serverSize is the cores and RAM of a server's flavor: embedded in the

@@ -353,11 +353,15 @@ func (p *Provider) listVolumes(ctx context.Context, cl *clients) ([]volumes.Volu
 	return slices.DeleteFunc(vs, func(v volumes.Volume) bool { return v.Metadata[drivers.TagProvider] != p.cfg.Name }), nil
 }
 
+// listingAge is how old the server watch's listing that ListInstances
+// answers from may be.
+const listingAge = time.Second
+
 // ListInstances lists every server of the project, ours (tagged) and
 // others, from the server watch (a listing of what changed since the last
-// one, at most a second old).
+// one, at most listingAge old).
 func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error) {
-	all, err := p.watch.snapshot(ctx, time.Second)
+	all, err := p.watch.snapshot(ctx, listingAge)
 	if err != nil {
 		return nil, err
 	}
@@ -367,6 +371,11 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 	}
 	return out, nil
 }
+
+var _ drivers.Liveness = (*Provider)(nil)
+
+// ListingAge: ListInstances answers from a listing at most listingAge old.
+func (p *Provider) ListingAge() time.Duration { return listingAge }
 
 // availabilityZones are the zones a pool's nodes go to: its
 // availability-zones, or all the cloud's.

@@ -48,3 +48,32 @@ func Conflict(n int) time.Duration {
 	d := min(time.Millisecond<<min(n-1, 10), 100*time.Millisecond)
 	return time.Duration(rand.Int64N(int64(d))) + 1
 }
+
+// Repeats paces something that may keep being needed again, such as
+// making again a stream or consumer that an operator keeps deleting: the
+// first time it is done at once; needed again within RepeatWindow of the
+// last time, it waits 1 s, then 2 s, doubling up to RepeatWindow. A
+// RepeatWindow without it starts the count again. The zero value is ready.
+type Repeats struct {
+	n    int
+	last time.Time
+}
+
+// RepeatWindow is how long Repeats remembers the last time.
+const RepeatWindow = time.Minute
+
+// Next counts one more time at now and returns how long to wait before
+// doing it.
+func (r *Repeats) Next(now time.Time) time.Duration {
+	if r.last.IsZero() || now.Sub(r.last) > RepeatWindow {
+		r.n = 0
+	}
+	r.n++
+	r.last = now
+	if r.n == 1 {
+		return 0
+	}
+	d := min(time.Second<<min(r.n-2, 6), RepeatWindow)
+	r.last = now.Add(d) // it happens then
+	return d
+}

@@ -47,3 +47,19 @@ func TestConflictIsJitteredAndCapped(t *testing.T) {
 		t.Errorf("Conflict(8) is hardly random: %v", seen)
 	}
 }
+
+func TestRepeatsBackOffAndForget(t *testing.T) {
+	var r Repeats
+	now := time.Unix(1000, 0)
+	want := []time.Duration{0, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute}
+	for i, w := range want {
+		d := r.Next(now)
+		if d != w {
+			t.Fatalf("time %d: wait %s, want %s", i+1, d, w)
+		}
+		now = now.Add(d + time.Second)
+	}
+	if d := r.Next(now.Add(RepeatWindow + time.Second)); d != 0 {
+		t.Errorf("after a quiet window: wait %s, want none", d)
+	}
+}

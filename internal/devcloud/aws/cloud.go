@@ -57,7 +57,8 @@ type Knobs struct {
 	APILatency Duration `json:"api_latency"`
 	// BootTime is how long an instance stays pending before it runs.
 	BootTime Duration `json:"boot_time"`
-	// TerminateTime is how long an instance is shutting-down.
+	// TerminateTime is how long an instance is shutting-down (or
+	// stopping).
 	TerminateTime Duration `json:"terminate_time"`
 	// TerminatedRetention is how long a terminated instance stays listed.
 	TerminatedRetention Duration `json:"terminated_retention"`

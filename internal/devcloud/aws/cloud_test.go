@@ -337,3 +337,90 @@ func TestImports(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+// StopInstances and StartInstances move an instance as EC2 does (running,
+// stopping, stopped, pending, running), with the state changes and the
+// state reason EC2 gives, and refuse what EC2 refuses: an instance still
+// pending, a spot instance of a one-time request, an unknown id, one that
+// is terminated; a refused call changes nothing.
+func TestStopAndStartInstances(t *testing.T) {
+	t.Parallel()
+	_, cl := start(t, fast())
+	ctx := t.Context()
+	run := func(spot bool) string {
+		t.Helper()
+		in := &ec2.RunInstancesInput{ImageId: sdkaws.String("ami-0a1b2c3d4e5f60001"), InstanceType: types.InstanceTypeT3Micro, MinCount: sdkaws.Int32(1), MaxCount: sdkaws.Int32(1)}
+		if spot {
+			in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot}
+		}
+		out, err := cl.ec2.RunInstances(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *out.Instances[0].InstanceId
+	}
+	state := func(id string) types.Instance {
+		t.Helper()
+		d, err := cl.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Reservations[0].Instances[0]
+	}
+	id, spot := run(false), run(true)
+	if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{id}}); code(err) != "IncorrectInstanceState" {
+		t.Errorf("stopping a pending instance: %v", err)
+	}
+	waitFor(t, "running", func() bool {
+		return state(id).State.Name == types.InstanceStateNameRunning && state(spot).State.Name == types.InstanceStateNameRunning
+	})
+	for _, ids := range [][]string{{id, spot}, {id, "i-0123456789abcdef0"}} {
+		if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: ids}); err == nil {
+			t.Errorf("stopping %v: no error", ids)
+		}
+	}
+	if st := state(id).State.Name; st != types.InstanceStateNameRunning {
+		t.Fatalf("a refused stop changed the instance: %s", st)
+	}
+	if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{spot}}); code(err) != "UnsupportedOperation" {
+		t.Errorf("stopping a one-time spot instance: %v", err)
+	}
+	out, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := out.StoppingInstances[0]; ch.PreviousState.Name != types.InstanceStateNameRunning || ch.CurrentState.Name != types.InstanceStateNameStopping {
+		t.Errorf("stop: %s -> %s", ch.PreviousState.Name, ch.CurrentState.Name)
+	}
+	waitFor(t, "stopped", func() bool { return state(id).State.Name == types.InstanceStateNameStopped })
+	if in := state(id); in.StateReason == nil || *in.StateReason.Code != "Client.UserInitiatedShutdown" || in.PublicIpAddress != nil {
+		t.Errorf("stopped instance: reason %+v, public address %v", in.StateReason, in.PublicIpAddress)
+	}
+	// Stopped, it is not live for a listing filtered on running.
+	live, err := cl.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{{Name: sdkaws.String("instance-state-name"), Values: []string{"running"}}}})
+	if err != nil || len(live.Reservations) != 1 {
+		t.Errorf("running instances: %+v, %v", live.Reservations, err)
+	}
+	again, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{id}})
+	if err != nil || again.StoppingInstances[0].CurrentState.Name != types.InstanceStateNameStopped {
+		t.Errorf("stopping a stopped instance again: %+v, %v", again, err)
+	}
+	started, err := cl.ec2.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := started.StartingInstances[0]; ch.PreviousState.Name != types.InstanceStateNameStopped || ch.CurrentState.Name != types.InstanceStateNamePending {
+		t.Errorf("start: %s -> %s", ch.PreviousState.Name, ch.CurrentState.Name)
+	}
+	waitFor(t, "running again", func() bool { return state(id).State.Name == types.InstanceStateNameRunning })
+	if _, err := cl.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "terminated", func() bool { return state(id).State.Name == types.InstanceStateNameTerminated })
+	if _, err := cl.ec2.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{id}}); code(err) != "IncorrectInstanceState" {
+		t.Errorf("starting a terminated instance: %v", err)
+	}
+	if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{id}}); code(err) != "IncorrectInstanceState" {
+		t.Errorf("stopping a terminated instance: %v", err)
+	}
+}

@@ -14,6 +14,8 @@ var ec2Actions = map[string]ec2Handler{
 	"RunInstances":                 (*Cloud).runInstances,
 	"DescribeInstances":            (*Cloud).describeInstances,
 	"TerminateInstances":           (*Cloud).terminateInstances,
+	"StopInstances":                (*Cloud).stopInstances,
+	"StartInstances":               (*Cloud).startInstances,
 	"CreateTags":                   (*Cloud).createTags,
 	"DeleteTags":                   (*Cloud).deleteTags,
 	"DescribeInstanceTypes":        (*Cloud).describeInstanceTypes,
@@ -107,6 +109,9 @@ func (c *Cloud) advance(now time.Time) {
 		}
 		if in.State == "pending" && !now.Before(in.RunningAt) {
 			in.State = "running"
+		}
+		if in.State == "stopping" && !now.Before(in.StopAt) {
+			in.State = "stopped"
 		}
 		if in.State == "shutting-down" && !now.Before(in.TerminateAt) {
 			c.terminated(in, now)

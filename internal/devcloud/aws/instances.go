@@ -661,6 +661,100 @@ func (c *Cloud) terminateInstances(f form, now time.Time) (response, *apiError) 
 	return resp, nil
 }
 
+type stopResponse struct {
+	meta
+	Instances items[xmlStateChange] `xml:"instancesSet"`
+}
+
+// instanceIDs reads and checks the InstanceId list of a call: every id
+// well formed and known, or the call fails as a whole.
+func (c *Cloud) instanceIDs(f form) ([]string, *apiError) {
+	ids := f.list("InstanceId")
+	if len(ids) == 0 {
+		return nil, missing("InstanceId")
+	}
+	for _, id := range ids {
+		if !wellFormed(id, "i") {
+			return nil, malformed(id, "InvalidInstanceID")
+		}
+		if c.instances[id] == nil {
+			return nil, notFound(id)
+		}
+	}
+	return ids, nil
+}
+
+// stopInstances stops running instances, as EC2 does: stopping for
+// TerminateTime, then stopped (their vCPUs no longer count, their public
+// address is let go). A stopped or stopping instance is answered as it
+// is; one that is pending, shutting-down or terminated, or a spot
+// instance of a one-time request, is refused, and then none is stopped.
+func (c *Cloud) stopInstances(f form, now time.Time) (response, *apiError) {
+	ids, err := c.instanceIDs(f)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		in := c.instances[id]
+		if sr := c.spot[in.SpotRequestID]; in.Spot && (sr == nil || sr.Type == "one-time") {
+			return nil, errf(http.StatusBadRequest, "UnsupportedOperation", "You can't stop the Spot Instance '%s' because it is associated with a one-time Spot Instance request. You can only stop Spot Instances associated with persistent Spot Instance requests.", id)
+		}
+		if in.State != "running" && in.State != "stopping" && in.State != "stopped" {
+			return nil, errf(http.StatusBadRequest, "IncorrectInstanceState", "The instance '%s' is not in a state from which it can be stopped.", id)
+		}
+	}
+	resp := &stopResponse{Instances: items[xmlStateChange]{}}
+	for _, id := range ids {
+		in := c.instances[id]
+		prev := in.State
+		if in.State == "running" {
+			in.State, in.StopAt = "stopping", now.Add(c.knobs.TerminateTime.D())
+			in.ReasonCode, in.ReasonMessage = "Client.UserInitiatedShutdown", "Client.UserInitiatedShutdown: User initiated shutdown"
+			in.Transition = fmt.Sprintf("User initiated (%s)", now.UTC().Format("2006-01-02 15:04:05 MST"))
+			if !now.Before(in.StopAt) {
+				in.State = "stopped"
+			}
+		}
+		resp.Instances = append(resp.Instances, xmlStateChange{InstanceID: id,
+			Current: xmlState{Code: stateCodes[in.State], Name: in.State}, Previous: xmlState{Code: stateCodes[prev], Name: prev}})
+	}
+	return resp, nil
+}
+
+// startInstances starts stopped instances again: pending for BootTime,
+// then running, if their vCPUs fit the quota. A pending or running
+// instance is answered as it is; one that is stopping, shutting-down or
+// terminated is refused, and then none is started.
+func (c *Cloud) startInstances(f form, now time.Time) (response, *apiError) {
+	ids, err := c.instanceIDs(f)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		in := c.instances[id]
+		if in.State != "stopped" && in.State != "pending" && in.State != "running" {
+			return nil, errf(http.StatusBadRequest, "IncorrectInstanceState", "The instance '%s' is not in a state from which it can be started.", id)
+		}
+		if in.State == "stopped" {
+			if err := c.quotaError(c.types[in.Type], in.Spot, 1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	resp := &stopResponse{Instances: items[xmlStateChange]{}}
+	for _, id := range ids {
+		in := c.instances[id]
+		prev := in.State
+		if in.State == "stopped" {
+			in.State, in.RunningAt = "pending", now.Add(c.knobs.BootTime.D())
+			in.ReasonCode, in.ReasonMessage, in.Transition = "", "", ""
+		}
+		resp.Instances = append(resp.Instances, xmlStateChange{InstanceID: id,
+			Current: xmlState{Code: stateCodes[in.State], Name: in.State}, Previous: xmlState{Code: stateCodes[prev], Name: prev}})
+	}
+	return resp, nil
+}
+
 // shutDown starts an instance's termination.
 func (c *Cloud) shutDown(in *instance, now time.Time, code, msg, transition string) {
 	in.State = "shutting-down"

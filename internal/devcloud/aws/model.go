@@ -19,6 +19,7 @@ type instance struct {
 	LaunchTime    time.Time
 	RunningAt     time.Time // pending -> running
 	TerminateAt   time.Time // shutting-down -> terminated
+	StopAt        time.Time // stopping -> stopped
 	GoneAt        time.Time // terminated -> no longer listed
 	PrivateIP     string
 	PublicIP      string

@@ -89,6 +89,10 @@ type Options struct {
 	DeleteTime time.Duration
 	// VolumeTime is how long a volume stays in creating or deleting.
 	VolumeTime time.Duration
+	// PowerTime is how long a server's stop or start (os-stop, os-start)
+	// takes: task_state powering-off or powering-on, then SHUTOFF or
+	// ACTIVE.
+	PowerTime time.Duration
 	// ErrorRate is the share of servers that go to ERROR instead of
 	// ACTIVE (with a fault).
 	ErrorRate float64
@@ -132,6 +136,7 @@ type Cloud struct {
 	bootTime    time.Duration
 	deleteTime  time.Duration
 	volumeTime  time.Duration
+	powerTime   time.Duration
 	errorRate   float64
 	rateLimit   float64
 	quota       Quota
@@ -199,6 +204,7 @@ func New(opts Options) *Cloud {
 	}
 	c := &Cloud{opts: opts, log: opts.Log, quota: q}
 	c.latency, c.bootTime, c.deleteTime, c.volumeTime = opts.Latency, opts.BootTime, opts.DeleteTime, opts.VolumeTime
+	c.powerTime = opts.PowerTime
 	c.errorRate, c.rateLimit, c.hostIP, c.pageSize = opts.ErrorRate, opts.RateLimit, opts.HostIP, opts.PageSize
 	if c.pageSize <= 0 {
 		c.pageSize = DefaultPageSize
@@ -230,6 +236,9 @@ func (c *Cloud) SetBootTime(d time.Duration) { c.set(func() { c.bootTime = d }) 
 
 // SetDeleteTime sets how long deleted servers stay visible.
 func (c *Cloud) SetDeleteTime(d time.Duration) { c.set(func() { c.deleteTime = d }) }
+
+// SetPowerTime sets how long a server's stop or start takes.
+func (c *Cloud) SetPowerTime(d time.Duration) { c.set(func() { c.powerTime = d }) }
 
 // SetErrorRate sets the share of new servers that go to ERROR.
 func (c *Cloud) SetErrorRate(r float64) { c.set(func() { c.errorRate = r }) }

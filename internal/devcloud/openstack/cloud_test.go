@@ -383,3 +383,64 @@ func TestOpenStackCLI(t *testing.T) {
 		t.Errorf("openstack server list: %v\n%s", err, out)
 	}
 }
+
+// A server is stopped and started as Nova does it (task_state
+// powering-off, then SHUTOFF; powering-on, then ACTIVE), refusing with 409
+// what its state does not allow, and an administrator can reset it to
+// error or active; each change shows in changes-since.
+func TestServerStopStartAndResetState(t *testing.T) {
+	t.Parallel()
+	srv, cl := start(t, devos.Options{BootTime: 50 * time.Millisecond, PowerTime: 50 * time.Millisecond}, "dev")
+	ctx := t.Context()
+	s, err := servers.Create(ctx, cl.compute, servers.CreateOpts{Name: "stopper", ImageRef: srv.Images()[0].ID, FlavorRef: "1", Networks: "auto"}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflict := func(what string, err error, want string) {
+		t.Helper()
+		if statusOf(err) != http.StatusConflict || !strings.Contains(bodyOf(err), want) || !strings.Contains(bodyOf(err), `"conflictingRequest"`) {
+			t.Errorf("%s: %v (%s); want 409 saying %q", what, err, bodyOf(err), want)
+		}
+	}
+	conflict("stop while building", servers.Stop(ctx, cl.compute, s.ID).ExtractErr(), "Cannot 'stop' instance "+s.ID+" while it is in task_state spawning")
+	waitStatus(t, cl, s.ID, "ACTIVE")
+	conflict("start while active", servers.Start(ctx, cl.compute, s.ID).ExtractErr(), "Cannot 'start' instance "+s.ID+" while it is in vm_state active")
+	mark := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
+	if err := servers.Stop(ctx, cl.compute, s.ID).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	conflict("stop while stopping", servers.Stop(ctx, cl.compute, s.ID).ExtractErr(), "while it is in task_state powering-off")
+	got := waitStatus(t, cl, s.ID, "SHUTOFF")
+	if got.PowerState != servers.SHUTDOWN || got.VmState != "stopped" || got.TaskState != "" {
+		t.Errorf("stopped server: power %v, vm_state %q, task_state %q", got.PowerState, got.VmState, got.TaskState)
+	}
+	page, err := servers.List(cl.compute, servers.ListOpts{ChangesSince: mark}).AllPages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := servers.ExtractServers(page); len(all) != 1 || all[0].Status != "SHUTOFF" {
+		t.Errorf("changes-since after the stop: %+v", all)
+	}
+	conflict("stop while stopped", servers.Stop(ctx, cl.compute, s.ID).ExtractErr(), "while it is in vm_state stopped")
+	if err := servers.Start(ctx, cl.compute, s.ID).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, cl, s.ID, "ACTIVE")
+	if err := servers.ResetState(ctx, cl.compute, s.ID, servers.StateError).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, cl, s.ID, "ERROR")
+	// An ERROR server can be stopped.
+	if err := servers.Stop(ctx, cl.compute, s.ID).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, cl, s.ID, "SHUTOFF")
+	if err := servers.ResetState(ctx, cl.compute, s.ID, servers.StateActive).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, cl, s.ID, "ACTIVE")
+	err = servers.ResetState(ctx, cl.compute, s.ID, "paused").ExtractErr()
+	if statusOf(err) != http.StatusBadRequest || !strings.Contains(bodyOf(err), "is not one of ['active', 'error']") {
+		t.Errorf("reset to paused: %v (%s)", err, bodyOf(err))
+	}
+}

@@ -134,6 +134,8 @@ func vmState(status string) (string, int) {
 	switch status {
 	case "ACTIVE":
 		return "active", 1
+	case "SHUTOFF":
+		return "stopped", 4
 	case "ERROR":
 		return "error", 0
 	case "DELETED":
@@ -227,7 +229,7 @@ func (c *Cloud) serverJSON(r *http.Request, s *server) map[string]any {
 	if v >= 73 {
 		out["locked_reason"] = nil
 	}
-	if s.status == "ERROR" {
+	if s.status == "ERROR" && s.fault != "" {
 		out["fault"] = map[string]any{"code": 500, "created": stamp(s.updated), "message": s.fault,
 			"details": "Traceback (most recent call last):\n  File \"/opt/stack/nova/nova/conductor/manager.py\", line 1654, in schedule_and_build_instances\n"}
 	}
@@ -613,6 +615,22 @@ func (c *Cloud) createServer(w http.ResponseWriter, r *http.Request, now time.Ti
 	}})
 }
 
+// mayAct answers 409 as Nova does (its check_instance_state) unless the
+// server is in one of the statuses an action starts from, with no task
+// running.
+func (c *Cloud) mayAct(w http.ResponseWriter, s *server, verb string, from ...string) bool {
+	if s.taskState != "" {
+		novaError(w, http.StatusConflict, fmt.Sprintf("Cannot '%s' instance %s while it is in task_state %s", verb, s.id, s.taskState))
+		return false
+	}
+	if !slices.Contains(from, s.status) {
+		vm, _ := vmState(s.status)
+		novaError(w, http.StatusConflict, fmt.Sprintf("Cannot '%s' instance %s while it is in vm_state %s", verb, s.id, vm))
+		return false
+	}
+	return true
+}
+
 // defaultFailure is Nova's message for an injected failure's status.
 func defaultFailure(status int) string {
 	switch status {
@@ -699,7 +717,7 @@ func (c *Cloud) deleteServer(w http.ResponseWriter, _ *http.Request, now time.Ti
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (c *Cloud) serverAction(w http.ResponseWriter, r *http.Request, _ time.Time, s *server) {
+func (c *Cloud) serverAction(w http.ResponseWriter, r *http.Request, now time.Time, s *server) {
 	var body map[string]map[string]any
 	if err := readJSON(r, &body); err != nil {
 		novaError(w, http.StatusBadRequest, "Invalid JSON in request body: "+err.Error())
@@ -718,7 +736,39 @@ func (c *Cloud) serverAction(w http.ResponseWriter, r *http.Request, _ time.Time
 			}
 			writeJSON(w, http.StatusOK, map[string]any{"output": strings.Join(lines, "\n") + "\n"})
 			return
-		case "reboot", "os-stop", "os-start":
+		case "os-stop", "os-start":
+			// Nova stops an ACTIVE or ERROR server, starts a SHUTOFF one,
+			// and refuses either while another task runs.
+			verb, from, task, to := "stop", []string{"ACTIVE", "ERROR"}, "powering-off", "SHUTOFF"
+			if action == "os-start" {
+				verb, from, task, to = "start", []string{"SHUTOFF"}, "powering-on", "ACTIVE"
+			}
+			if !c.mayAct(w, s, verb, from...) {
+				return
+			}
+			s.taskState, s.updated, s.powerAt = task, now, now.Add(c.powerTime)
+			if c.powerTime <= 0 {
+				s.status, s.taskState = to, ""
+			}
+			w.WriteHeader(http.StatusAccepted)
+			return
+		case "os-resetState":
+			// An administrator sets the server's vm_state by hand (active
+			// or error), whatever it is doing.
+			state, _ := args["state"].(string)
+			switch state {
+			case "active":
+				s.status = "ACTIVE"
+			case "error":
+				s.status = "ERROR"
+			default:
+				novaError(w, http.StatusBadRequest, fmt.Sprintf("Invalid input for field/attribute state. Value: %v. %q is not one of ['active', 'error']", args["state"], state))
+				return
+			}
+			s.taskState, s.updated = "", now
+			w.WriteHeader(http.StatusAccepted)
+			return
+		case "reboot":
 			w.WriteHeader(http.StatusAccepted)
 			return
 		}

@@ -45,8 +45,8 @@ type token struct {
 
 type server struct {
 	id, name     string
-	status       string // BUILD, ACTIVE, ERROR, DELETED
-	taskState    string // spawning, deleting or ""
+	status       string // BUILD, ACTIVE, SHUTOFF, ERROR, DELETED
+	taskState    string // spawning, powering-off, powering-on, deleting or ""
 	flavor       Flavor
 	imageID      string // "" when booted from a volume
 	keyName      string
@@ -62,6 +62,7 @@ type server struct {
 	readyAt      time.Time
 	launchedAt   time.Time
 	goneAt       time.Time // while deleting: when it is gone
+	powerAt      time.Time // while powering off or on: when it is done
 	deletedAt    time.Time
 	fault        string // the fault's message when it goes to ERROR
 	consoleLines []string
@@ -278,6 +279,12 @@ func (c *Cloud) advance(now time.Time) {
 			}
 		case s.taskState == "deleting" && !now.Before(s.goneAt):
 			c.removeServer(s, s.goneAt)
+		case (s.taskState == "powering-off" || s.taskState == "powering-on") && !now.Before(s.powerAt):
+			s.status = "SHUTOFF"
+			if s.taskState == "powering-on" {
+				s.status = "ACTIVE"
+			}
+			s.taskState, s.updated = "", s.powerAt
 		case s.status == "BUILD" && !now.Before(s.readyAt):
 			s.updated, s.taskState = s.readyAt, ""
 			if s.fault != "" {

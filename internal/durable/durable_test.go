@@ -1,0 +1,295 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/durable"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+)
+
+const within = 10 * time.Second
+
+// received collects the payloads a consumer handled, acknowledging each
+// (the server has the acknowledgement once it is recorded).
+type received struct {
+	mu   sync.Mutex
+	got  []string
+	more chan struct{}
+}
+
+func newReceived() *received { return &received{more: make(chan struct{}, 1)} }
+
+func (r *received) handle(msg jetstream.Msg) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	_ = msg.DoubleAck(ctx)
+	r.mu.Lock()
+	r.got = append(r.got, string(msg.Data()))
+	r.mu.Unlock()
+	select {
+	case r.more <- struct{}{}:
+	default:
+	}
+}
+
+func (r *received) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.got...)
+}
+
+// wait waits until payload was handled.
+func (r *received) wait(t *testing.T, payload string) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		for _, p := range r.all() {
+			if p == payload {
+				return
+			}
+		}
+		select {
+		case <-r.more:
+		case <-deadline:
+			t.Fatalf("%q not handled within %s; handled: %q", payload, within, r.all())
+		}
+	}
+}
+
+func setup(t *testing.T) (jetstream.JetStream, jetstream.StreamConfig) {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	cfg := jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}}
+	if _, err := js.CreateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return js, cfg
+}
+
+func publish(t *testing.T, js jetstream.JetStream, payload string) {
+	t.Helper()
+	if _, err := js.Publish(t.Context(), "work.x", []byte(payload)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// consumerConfig is the test's consumer. A message delivered to a process
+// that stopped (a pull outlives its client until it expires) comes back
+// after a second.
+func consumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{Durable: "workers", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait: time.Second}
+}
+
+func openConsuming(t *testing.T, js jetstream.JetStream, resume bool, r *received, opts ...jetstream.PullConsumeOpt) (*durable.Consumer, *logtest.Recorder) {
+	t.Helper()
+	log, rec := logtest.New(t)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Resume: resume, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Consume(r.handle, append([]jetstream.PullConsumeOpt{jetstream.PullExpiry(time.Second)}, opts...)...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c, rec
+}
+
+// A consumer deleted under a running Consume is made again at once, with a
+// log line, and the messages published afterwards are handled.
+func TestDeletedConsumerIsMadeAgain(t *testing.T) {
+	js, _ := setup(t)
+	r := newReceived()
+	_, logs := openConsuming(t, js, false, r)
+	publish(t, js, "before")
+	r.wait(t, "before")
+
+	start := time.Now()
+	if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+		t.Fatal(err)
+	}
+	logs.Wait(t, within, "WARN", "the consumer was missing; made it again", "consumer=workers", "stream=WORK")
+	publish(t, js, "after")
+	r.wait(t, "after")
+	t.Logf("made again and consumed within %s", time.Since(start))
+}
+
+// With Resume, a consumer made again starts after the last message the
+// old one acknowledged: what was handled is not delivered again. Without
+// it, the configured DeliverAll starts from the beginning.
+func TestResumeStartsAfterTheAckFloor(t *testing.T) {
+	for _, resume := range []bool{true, false} {
+		t.Run(fmt.Sprintf("resume=%v", resume), func(t *testing.T) {
+			js, _ := setup(t)
+			// A first process handles three messages and stops; the
+			// process that opens the consumer next knows its ack floor.
+			first := newReceived()
+			c, _ := openConsuming(t, js, resume, first)
+			for i := range 3 {
+				publish(t, js, fmt.Sprint("old-", i))
+			}
+			first.wait(t, "old-2")
+			c.Stop()
+
+			r := newReceived()
+			_, logs := openConsuming(t, js, resume, r)
+			if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+				t.Fatal(err)
+			}
+			logs.Wait(t, within, "the consumer was missing; made it again")
+			publish(t, js, "new")
+			r.wait(t, "new")
+			got := r.all()
+			switch {
+			case resume && len(got) != 1:
+				t.Errorf("handled %q after the consumer was made again, want only the new message", got)
+			case !resume && len(got) != 4:
+				t.Errorf("handled %q after the consumer was made again, want all four (DeliverAll from the start)", got)
+			}
+			cons, err := js.Consumer(t.Context(), "WORK", "workers")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg := cons.CachedInfo().Config; resume && (cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || cfg.OptStartSeq != 4) {
+				t.Errorf("consumer made again: deliver policy %v from %d, want by start sequence from 4", cfg.DeliverPolicy, cfg.OptStartSeq)
+			}
+		})
+	}
+}
+
+// A consumer made again from a start sequence is opened as it is by a
+// process starting later (its start cannot be updated).
+func TestOpenKeepsWhereAConsumerMadeAgainStarts(t *testing.T) {
+	js, _ := setup(t)
+	cfg := consumerConfig()
+	cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, 7
+	if _, err := js.CreateConsumer(t.Context(), "WORK", cfg); err != nil {
+		t.Fatal(err)
+	}
+	log, _ := logtest.New(t)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Resume: true, Log: log})
+	if err != nil {
+		t.Fatalf("opening a consumer made again from a start sequence: %v", err)
+	}
+	c.Stop()
+}
+
+// A stream deleted (its consumer with it) and made again: the consumer is
+// made again on the new stream, read from its start even with Resume
+// (the old ack floor means nothing there).
+func TestConsumerOfAStreamMadeAgain(t *testing.T) {
+	js, cfg := setup(t)
+	r := newReceived()
+	_, logs := openConsuming(t, js, true, r)
+	for i := range 5 {
+		publish(t, js, fmt.Sprint("old-", i))
+	}
+	r.wait(t, "old-4")
+	if err := js.DeleteStream(t.Context(), "WORK"); err != nil {
+		t.Fatal(err)
+	}
+	logs.Wait(t, within, "the consumer is missing and cannot be made again yet")
+	if _, err := js.CreateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "new-1") // sequence 1 of the new stream
+	logs.Wait(t, within, "the consumer was missing; made it again")
+	r.wait(t, "new-1")
+}
+
+// Next finds the consumer gone, says so (ErrUnavailable), and the next
+// calls get the messages from the consumer made again.
+func TestNextAfterTheConsumerWasDeleted(t *testing.T) {
+	js, _ := setup(t)
+	log, logs := logtest.New(t)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Next(t.Context(), time.Second)
+	if !errors.Is(err, durable.ErrUnavailable) {
+		t.Fatalf("Next on a deleted consumer: %v, want ErrUnavailable", err)
+	}
+	logs.Wait(t, within, "the consumer was missing; made it again")
+	publish(t, js, "after")
+	deadline := time.Now().Add(within)
+	for {
+		msg, err := c.Next(t.Context(), time.Second)
+		if err == nil {
+			if string(msg.Data()) != "after" {
+				t.Fatalf("got %q", msg.Data())
+			}
+			_ = msg.Ack()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no message from the consumer made again: %v", err)
+		}
+	}
+}
+
+// Two processes consuming one durable consumer repair it at once: one
+// makes it, the other finds it made, and both go on consuming it. The one
+// that found it made is the one checked: with the one that made it
+// stopped, it gets the next message (at once, or after the ack wait if
+// the stopped one's last pull took it).
+func TestTwoProcessesRepairAtOnce(t *testing.T) {
+	js, _ := setup(t)
+	r1, r2 := newReceived(), newReceived()
+	c1, logs1 := openConsuming(t, js, true, r1)
+	c2, logs2 := openConsuming(t, js, true, r2)
+	if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+		t.Fatal(err)
+	}
+	// Each logs that it made the consumer again, or that another process
+	// did ("the consumer was missing; ..." or "was made again by ...").
+	logs1.Wait(t, within, "the consumer was m")
+	logs2.Wait(t, within, "the consumer was m")
+	made := func(logs *logtest.Recorder) bool {
+		return len(logs.Lines("the consumer was missing; made it again")) > 0
+	}
+	if !made(logs1) && !made(logs2) {
+		t.Fatalf("neither process says it made the consumer again:\n%s\n%s", logs1, logs2)
+	}
+	other := r2
+	if made(logs2) && !made(logs1) {
+		c2.Stop()
+		other = r1
+	} else {
+		c1.Stop()
+	}
+	publish(t, js, "after")
+	other.wait(t, "after")
+}
+
+// A consumer deleted again soon after it was made again is made again
+// after a pause, which grows, so as not to fight an operator in a loop.
+func TestDeletedAgainAndAgainBacksOff(t *testing.T) {
+	js, _ := setup(t)
+	r := newReceived()
+	_, logs := openConsuming(t, js, false, r)
+	for i := range 2 {
+		if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+			t.Fatal(err)
+		}
+		logs.WaitCount(t, within, i+1, "the consumer was missing; made it again")
+	}
+	if len(logs.Lines("the consumer is missing again; making it again after a pause", "pause=1s")) != 1 {
+		t.Errorf("the second repair did not pause for a second:\n%s", logs)
+	}
+	publish(t, js, "after")
+	r.wait(t, "after")
+}

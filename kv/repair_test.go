@@ -1,0 +1,139 @@
+package kv_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/logtest"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// remakeWithin bounds how long a cache or lease takes to follow a bucket
+// deleted and made again.
+const remakeWithin = 10 * time.Second
+
+// remake deletes a bucket and makes it again with its settings, as the
+// process's keeper does (internal/repair).
+func remake(t *testing.T, js jetstream.JetStream, name string) {
+	t.Helper()
+	for _, cfg := range kv.BucketConfigs(kv.Options{Replicas: 1, LeaseTTL: time.Second}) {
+		if cfg.Bucket != name {
+			continue
+		}
+		if err := js.DeleteKeyValue(t.Context(), name); err != nil {
+			t.Fatal(err)
+		}
+		log, _ := logtest.New(t)
+		if _, err := kv.EnsureBucket(t.Context(), js, cfg, log); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no bucket %s", name)
+}
+
+// A cache whose bucket is deleted and made again drops the records it
+// held (its subscribers see them deleted) and holds the new bucket's,
+// whose revisions start again from one.
+func TestCacheFollowsABucketMadeAgain(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log, logs := logtest.New(t)
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"old-1", "old-2", "old-3"} {
+		if _, err := b.Nodes.Create(t.Context(), id, &kv.Node{ID: id, State: kv.NodeReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := kv.NewCache(b.Nodes, log)
+	t.Cleanup(c.Start())
+	if err := c.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sub := c.Subscribe()
+	defer c.Unsubscribe(sub)
+
+	remake(t, js, kv.BucketNodes)
+	if _, err := b.Nodes.Create(t.Context(), "new-1", &kv.Node{ID: "new-1", State: kv.NodeBuilding}); err != nil {
+		t.Fatalf("writing to the bucket made again through the old handle: %v", err)
+	}
+	deleted := map[string]bool{}
+	deadline := time.After(remakeWithin)
+	for !c.Has("new-1") || c.Len() != 1 {
+		select {
+		case <-sub.C():
+			for _, ch := range sub.Drain() {
+				if ch.New == nil {
+					deleted[ch.Key] = true
+				}
+			}
+		case <-deadline:
+			t.Fatalf("the cache holds %d records, new-1: %v; want only new-1", c.Len(), c.Has("new-1"))
+		}
+	}
+	for _, ch := range sub.Drain() {
+		if ch.New == nil {
+			deleted[ch.Key] = true
+		}
+	}
+	for _, id := range []string{"old-1", "old-2", "old-3"} {
+		if !deleted[id] {
+			t.Errorf("subscribers were not told that %s is gone", id)
+		}
+	}
+	if c.Restarted().IsZero() {
+		t.Error("the cache does not say when it started afresh")
+	}
+	logs.Wait(t, time.Second, "the bucket was deleted and made again")
+	if err := c.Sync(t.Context()); err != nil {
+		t.Errorf("Sync after the bucket was made again: %v", err)
+	}
+}
+
+// A lease whose key goes with its bucket (deleted and made again) is
+// written again by its holder's next renewal, as long as nobody took it
+// meanwhile; a lease somebody took is lost.
+func TestLeaseWrittenAgainAfterItsBucketWasMadeAgain(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log, logs := logtest.New(t)
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := kv.NewLease(b.Locks, "work", "a", time.Minute, log)
+	if held, err := a.TryAcquire(t.Context()); err != nil || !held {
+		t.Fatalf("taking the lease: %v %v", held, err)
+	}
+	remake(t, js, kv.BucketLocks)
+	if err := a.Renew(t.Context()); err != nil {
+		t.Fatalf("renewing a lease whose bucket was made again: %v", err)
+	}
+	e, err := b.Locks.Get(t.Context(), "work")
+	if err != nil || e.Value.Holder != "a" {
+		t.Fatalf("the lease's key after the renewal: %+v %v", e.Value, err)
+	}
+	logs.Wait(t, time.Second, "the lease's key was deleted while held; written again")
+	if err := a.Renew(t.Context()); err != nil {
+		t.Fatalf("renewing it again: %v", err)
+	}
+
+	// Taken by another holder after the bucket was made again: lost.
+	remake(t, js, kv.BucketLocks)
+	other := kv.NewLease(b.Locks, "work", "b", time.Minute, log)
+	if held, err := other.TryAcquire(t.Context()); err != nil || !held {
+		t.Fatalf("another holder taking the free lease: %v %v", held, err)
+	}
+	if err := a.Renew(t.Context()); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("the first holder renewing a lease another holder took: %v, want ErrConflict", err)
+	}
+}
