@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -61,11 +62,12 @@ const (
 
 // controllers are the controllers kube-controller-manager runs: the
 // default ServiceAccount of each namespace and its token Secrets, namespace
-// deletion, garbage collection, the aggregated ClusterRoles (edit, admin)
-// and the nodes' not-ready taint.
+// deletion, garbage collection, the aggregated ClusterRoles (edit, admin),
+// the nodes' not-ready taint and ResourceQuotas' usage.
 var controllers = []string{
 	"serviceaccount-controller", "serviceaccount-token-controller", "namespace-controller",
 	"garbage-collector-controller", "clusterrole-aggregation-controller", "node-lifecycle-controller",
+	"resourcequota-controller",
 }
 
 // stages is kwok's behaviour: nodes become Ready and keep a heartbeat,
@@ -238,7 +240,10 @@ func start(ctx context.Context, dir string) (_ *Stack, err error) {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", s.files.saPub, "--service-account-signing-key-file", s.files.saKey,
 		"--token-auth-file", s.files.tokens, "--authorization-mode", "Node,RBAC",
-		"--service-cluster-ip-range", serviceCIDR, "--profiling=false"); err != nil {
+		"--service-cluster-ip-range", serviceCIDR, "--profiling=false",
+		// As most clusters (kubeadm's, managed ones): privileged
+		// containers may be asked for.
+		"--allow-privileged=true"); err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
@@ -270,7 +275,7 @@ func start(ctx context.Context, dir string) (_ *Stack, err error) {
 	if err := s.run("kwok", "--kubeconfig", kc, "--config", s.files.stages, "--manage-all-nodes=true", "--cidr", podCIDR); err != nil {
 		return nil, err
 	}
-	if err := s.AddNode(ctx, "kwok-node-0"); err != nil {
+	if err := s.AddNode(ctx, "kwok-node-0", nil); err != nil {
 		return nil, err
 	}
 	// Pods need their namespace's default ServiceAccount, which the
@@ -283,14 +288,16 @@ func start(ctx context.Context, dir string) (_ *Stack, err error) {
 	return s, nil
 }
 
-// AddNode adds a fake node that kwok runs (32 CPUs, 256 GiB, 110 pods)
-// and waits until it is Ready and without the not-ready taint, so that
-// pods are scheduled on it.
-func (s *Stack) AddNode(ctx context.Context, name string) error {
+// AddNode adds a fake node that kwok runs (32 CPUs, 256 GiB of memory,
+// 1 TiB of ephemeral storage, 110 pods, and the extra resources given, an
+// extended resource such as a GPU) and waits until it is Ready and
+// without the not-ready taint, so that pods are scheduled on it.
+func (s *Stack) AddNode(ctx context.Context, name string, extra corev1.ResourceList) error {
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU: resource.MustParse("32"), corev1.ResourceMemory: resource.MustParse("256Gi"),
-		corev1.ResourcePods: resource.MustParse("110"),
+		corev1.ResourceEphemeralStorage: resource.MustParse("1Ti"), corev1.ResourcePods: resource.MustParse("110"),
 	}
+	maps.Copy(capacity, extra)
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
