@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the aws driver's keys, as aws.rst gives them (boot-timeout
@@ -187,7 +187,7 @@ func (ap *AWSPool) ChecksHostKeys() bool { return ap.AWSHostKeyCheck == nil || *
 
 // AWSLabel holds the keys only an aws pool's label has.
 type AWSLabel struct {
-	InstanceType       string                 `yaml:"instance-type" drivers:"aws"`
+	InstanceType       string                 `yaml:"instance-type" drivers:"aws" orlist:"some Nodepool builds take a list and try its types in turn when EC2 lacks capacity; this launcher launches the first type only: give one type, or fleet: {instance-types: [...]} to let EC2 choose among several"`
 	Fleet              *AWSFleet              `yaml:"fleet" drivers:"aws"`
 	DedicatedHost      bool                   `yaml:"dedicated-host" drivers:"aws"`
 	EBSOptimized       bool                   `yaml:"ebs-optimized" drivers:"aws"`
@@ -211,8 +211,12 @@ type AWSLabel struct {
 // AWSFleet is a label's fleet: CreateFleet picks one of several instance
 // types.
 type AWSFleet struct {
-	InstanceTypes      []string `yaml:"instance-types"`
-	AllocationStrategy string   `yaml:"allocation-strategy" required:"true"`
+	InstanceTypes []string `yaml:"instance-types"`
+	// InstanceRequirements (EC2's attribute-based selection, in some
+	// Nodepool builds) is read and checked, but this launcher does not
+	// send it: a label that has it cannot launch (see validateAWS).
+	InstanceRequirements *RawYAML `yaml:"instance-requirements"`
+	AllocationStrategy   string   `yaml:"allocation-strategy" required:"true"`
 }
 
 // AWSIAMInstanceProfile names an instance profile by name or arn.
@@ -416,8 +420,13 @@ func validateAWS(c *Config, v *validation, i int) {
 				v.fail(lpath+".fleet", lat("fleet"), "instance-type and fleet exclude each other")
 			}
 			if f := al.Fleet; f != nil {
-				if len(f.InstanceTypes) == 0 {
-					v.fail(lpath+".fleet.instance-types", lat("fleet"), "expected at least one instance type")
+				switch {
+				case f.InstanceRequirements != nil && len(f.InstanceTypes) > 0:
+					v.fail(lpath+".fleet", lat("fleet"), "instance-types and instance-requirements exclude each other (as in Nodepool); give one")
+				case f.InstanceRequirements != nil:
+					v.warn(lpath+".fleet.instance-requirements", lat("fleet", "instance-requirements"), "EC2's attribute-based instance selection (a key of some Nodepool builds) is not sent by this launcher, so every launch of label %q fails; list the types under instance-types instead", pl.Name)
+				case len(f.InstanceTypes) == 0:
+					v.fail(lpath+".fleet.instance-types", lat("fleet"), "expected at least one instance type (or instance-requirements)")
 				}
 				valid := AWSOnDemandFleet
 				if al.UseSpot {

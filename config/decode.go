@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Error is one problem found in a configuration file: where it is (file,
@@ -462,7 +462,7 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 		seen[key] = true
 		f, ok := d.findField(fields, key)
 		if !ok {
-			if !d.lenient {
+			if !d.lenient && !d.tolerated(path, n, p, v, set) {
 				d.unknownKey(joinPath(path, key), p.key, key, v.Type())
 			}
 			continue
@@ -471,6 +471,10 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 			set[key] = true
 		}
 		fv := v.FieldByIndex(f.index)
+		if rv := resolveAlias(p.val); f.tag.Get("orlist") != "" && rv != nil && rv.Kind == yaml.SequenceNode && fv.Kind() == reflect.String {
+			d.firstOfList(joinPath(path, key), rv, fv, f.tag.Get("orlist"))
+			continue
+		}
 		if f.tag.Get("anyscalar") == "true" && fv.Kind() == reflect.String {
 			if rv := resolveAlias(p.val); rv != nil && !isNull(rv) {
 				d.decodeString(joinPath(path, key), rv, fv, true)
@@ -486,6 +490,19 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 		d.fail(path, n, "missing required key %q", f.name)
 	}
 	return set
+}
+
+// firstOfList reads a list given for a string key whose field has an
+// orlist tag (the warning): its first entry is the value.
+func (d *decoder) firstOfList(path string, n *yaml.Node, fv reflect.Value, why string) {
+	if len(n.Content) == 0 {
+		d.fail(path, n, "expected a value (or a list of at least one), got an empty list")
+		return
+	}
+	d.decodeString(indexPath(path, 0), resolveAlias(n.Content[0]), fv, false)
+	if len(n.Content) > 1 || fv.String() != "" {
+		d.warn(path, n, "a list here is read as its first entry, %q: %s", fv.String(), why)
+	}
 }
 
 // fieldApplies reports whether a field is a key for the current driver:

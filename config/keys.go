@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // What an unknown key is told. In order: a key Nodepool removed names the
@@ -34,6 +34,8 @@ var (
 	typePoolLabel         = reflect.TypeFor[PoolLabel]()
 	typeDiskimage         = reflect.TypeFor[Diskimage]()
 	typeProviderDiskimage = reflect.TypeFor[ProviderDiskimage]()
+	typeWebapp            = reflect.TypeFor[Webapp]()
+	typeStaticNode        = reflect.TypeFor[StaticNode]()
 )
 
 // levels are the mappings whose keys may belong to one another.
@@ -111,6 +113,74 @@ var removedKeys = map[reflect.Type]map[string]removal{
 	},
 }
 
+// tolerance is a key that some Nodepool release or build read and
+// Nodepool's documentation does not (or no longer) lists: its files load,
+// with a warning that says what this launcher does with it.
+type tolerance struct {
+	// drivers limits the entry to providers of these drivers (nil: any).
+	drivers []string
+	// alias is the key it is read as ("": it is not read).
+	alias string
+	// why is the warning, after "<key>: ".
+	why string
+}
+
+// toleratedKeys are such keys, by the level they are written at. They
+// come from Nodepool's own test fixtures, which its launcher loads.
+var toleratedKeys = map[reflect.Type]map[string]tolerance{
+	typeConfig: {
+		"zookeeper-auth":     {why: "ZooKeeper authentication (SASL), a key of some Nodepool builds that its documentation does not list, is not supported by this launcher's zookeeper role, which connects without it: the key is ignored; authenticate with zookeeper-tls (client certificates) instead"},
+		"builder-id-file":    {why: "the file a Nodepool 3.x builder kept its id in; a process here takes its id from NODEPOOL_ID (hostname and pid by default) and keeps no such file: the key is ignored, remove it"},
+		"diskimages-globals": {why: "settings that some Nodepool builds merged into every diskimage are not read by this launcher: its elements and env-vars are NOT added to the diskimages, so their builds differ from Nodepool's; put them into an abstract diskimage and name it as each diskimage's parent"},
+	},
+	typeWebapp: {
+		"admin_port":           {why: "Nodepool's admin web port is not served here (the status API and metrics listen on NODEPOOL_HTTP_ADDR): the key is ignored"},
+		"admin_listen_address": {why: "Nodepool's admin web address is not served here (the status API and metrics listen on NODEPOOL_HTTP_ADDR): the key is ignored"},
+	},
+	typePool: {
+		"ignore-quota":       {drivers: []string{"fake", "openstack"}, alias: "ignore-provider-quota", why: "the name Nodepool 3.x first gave ignore-provider-quota; it is read as ignore-provider-quota: rename it"},
+		"decline-from-quota": {drivers: []string{"fake", "openstack"}, why: "a pool key of some Nodepool builds (decline a request at quota rather than wait), not of its documentation: this launcher never declines for quota, a request waits for quota in priority order; the key is ignored"},
+		"executor-zone":      {drivers: []string{"fake", "openstack"}, why: "a pool key of some Nodepool builds, not of its documentation: the key is ignored; to have Zuul run a node's jobs on executors of a zone, set node-attributes: {executor-zone: ...} on the pool, as Nodepool documents"},
+		"floating-ip-pool":   {drivers: []string{"fake", "openstack"}, why: "a pool key of some Nodepool builds, not of its documentation: this launcher takes floating IPs from the cloud's default pool (auto-floating-ip turns them off); the key is ignored"},
+	},
+	typeDiskimage: {
+		"builders": {why: "a diskimage key of some Nodepool builds (the builder hosts that may build it), not of its documentation: any builder process here builds any diskimage; the key is ignored"},
+	},
+	typeStaticNode: {
+		"shell_type": {drivers: []string{"static"}, alias: "shell-type", why: "read as shell-type, as Nodepool 4's static driver read it: rename it shell-type"},
+	},
+}
+
+// tolerated decodes a tolerated key of t, if key is one: it warns, and
+// decodes the value into the key it is an alias of (unless that key is
+// given too). It reports whether key was one.
+func (d *decoder) tolerated(path string, n *yaml.Node, p pair, v reflect.Value, set map[string]bool) bool {
+	key := p.key.Value
+	tol, ok := toleratedKeys[v.Type()][key]
+	if !ok || (tol.drivers != nil && !slices.Contains(tol.drivers, d.driver)) {
+		return false
+	}
+	kpath := joinPath(path, key)
+	if tol.alias == "" {
+		d.warn(kpath, p.key, "%s: %s", key, tol.why)
+		return true
+	}
+	if mappingValue(n, tol.alias) != nil {
+		d.warn(kpath, p.key, "%s: %s; %s is given too and wins, so %s is ignored: remove it", key, tol.why, tol.alias, key)
+		return true
+	}
+	f, ok := d.findField(fieldsOf(v.Type()), tol.alias)
+	if !ok {
+		return false
+	}
+	d.warn(kpath, p.key, "%s: %s", key, tol.why)
+	if !isNull(resolveAlias(p.val)) {
+		set[tol.alias] = true
+	}
+	d.decode(kpath, p.val, v.FieldByIndex(f.index))
+	return true
+}
+
 // renamedKeys are keys written where another was meant (the first is in
 // an example of Nodepool's own documentation).
 var renamedKeys = map[string]string{
@@ -134,13 +204,20 @@ func (d *decoder) unknownKey(path string, at *yaml.Node, key string, t reflect.T
 		return
 	}
 	// A key of another level, for this driver.
+	// Outside the providers, no driver is current: a key of any driver's
+	// pool labels (say) counts.
+	inProvider := t == typeProvider || t == typePool || t == typePoolLabel || t == typeProviderDiskimage
 	for _, nt := range levels[t].neighbours {
-		if _, ok := d.findField(fieldsOf(nt), key); !ok {
+		if inProvider {
+			if _, ok := d.findField(fieldsOf(nt), key); !ok {
+				continue
+			}
+		} else if !slices.ContainsFunc(fieldsOf(nt), func(f field) bool { return f.name == key }) {
 			continue
 		}
 		here := levels[t].name
 		there := levelWhere(nt)
-		if d.driver != "" && (nt == typeProvider || nt == typePool || nt == typePoolLabel) {
+		if inProvider && d.driver != "" && (nt == typeProvider || nt == typePool || nt == typePoolLabel) {
 			there += " for the " + d.driver + " driver"
 		}
 		d.fail(path, at, "%s is a key of %s, not of %s: move it there; %s", key, there, here, expected)
