@@ -18,7 +18,8 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	rbacv1client "k8s.io/client-go/kubernetes/typed/rbac/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -71,7 +72,7 @@ type Options struct {
 // Provider is one configured kubernetes provider.
 type Provider struct {
 	cfg    *config.Provider
-	client kubernetes.Interface
+	client client
 	rest   *rest.Config
 	log    *slog.Logger
 	poll   time.Duration
@@ -112,7 +113,7 @@ func NewForConfig(pc *config.Provider, rc *rest.Config, opts Options) (*Provider
 	}
 	rc.WarningHandlerWithContext = warnings{log}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return noRetryOn429{rt} })
-	cl, err := kubernetes.NewForConfig(rc)
+	cl, err := newClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: %w", pc.Name, err)
 	}
@@ -122,6 +123,29 @@ func NewForConfig(pc *config.Provider, rc *rest.Config, opts Options) (*Provider
 	}
 	return &Provider{cfg: pc, client: cl, rest: rc, log: log, poll: poll}, nil
 }
+
+// client is what the driver uses of client-go's clientset: the core and
+// RBAC APIs (the whole clientset would link the client of every API group
+// into the binary).
+type client struct {
+	core corev1client.CoreV1Interface
+	rbac rbacv1client.RbacV1Interface
+}
+
+func newClient(rc *rest.Config) (client, error) {
+	core, err := corev1client.NewForConfig(rc)
+	if err != nil {
+		return client{}, err
+	}
+	rbac, err := rbacv1client.NewForConfig(rc)
+	if err != nil {
+		return client{}, err
+	}
+	return client{core: core, rbac: rbac}, nil
+}
+
+func (c client) CoreV1() corev1client.CoreV1Interface { return c.core }
+func (c client) RbacV1() rbacv1client.RbacV1Interface { return c.rbac }
 
 // restConfig reads the client configuration of a context.
 func restConfig(context, kubeconfig string) (*rest.Config, error) {
@@ -168,9 +192,6 @@ func (w warnings) HandleWarningHeaderWithContext(ctx context.Context, code int, 
 
 // Close releases nothing: the client holds only idle connections.
 func (p *Provider) Close() {}
-
-// Client is the driver's client of the cluster.
-func (p *Provider) Client() kubernetes.Interface { return p.client }
 
 // Host is the API server's URL, as the node records carry it.
 func (p *Provider) Host() string {

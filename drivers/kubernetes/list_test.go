@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 )
@@ -174,7 +175,11 @@ func TestFailureKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = p.client.PolicyV1().Evictions(sm.ExternalID()).Evict(t.Context(), &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "pod-defaults", Namespace: sm.ExternalID()}})
+	policy, err := policyv1client.NewForConfig(p.rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = policy.Evictions(sm.ExternalID()).Evict(t.Context(), &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "pod-defaults", Namespace: sm.ExternalID()}})
 	took := time.Since(start)
 	if err = classify(err, "evicting"); !errors.Is(err, drivers.ErrRateLimited) || drivers.RetryAfter(err) != 10*time.Second || took > 5*time.Second {
 		t.Errorf("a 429: %v after %s (retry after %s); want drivers.ErrRateLimited at once, retry after 10s", err, took, drivers.RetryAfter(err))
