@@ -9,10 +9,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The kubernetes driver's keys, as kubernetes.rst gives them. This build
-// reads and checks them, so a file with a kubernetes provider loads and
-// its typos are refused, but it cannot run such a provider yet: see
-// Config.Unavailable.
+// The kubernetes driver's keys, as kubernetes.rst gives them; the driver
+// is drivers/kubernetes.
 
 // Defaults of the kubernetes driver's label keys.
 const (
