@@ -21,7 +21,7 @@ import (
 
 // labelsConfig has a label of each kind, with every key a label may have.
 const labelsConfig = `
-labels: [{name: k8s-namespace}, {name: pod-fedora}, {name: pod-defaults}, {name: custom-pod}, {name: pod-nowhere}]
+labels: [{name: k8s-namespace}, {name: pod-fedora}, {name: pod-defaults}, {name: custom-pod}, {name: pod-nowhere}, {name: pod-own-scheduler}]
 providers:
   - name: %[1]s
     driver: kubernetes
@@ -89,6 +89,10 @@ providers:
             type: pod
             image: docker.io/debian:bookworm
             node-selector: {no-such: node}
+          - name: pod-own-scheduler
+            type: pod
+            image: docker.io/debian:bookworm
+            scheduler-name: own-scheduler
 `
 
 // A namespace label: a namespace with the label's labels and the driver's,
@@ -356,6 +360,58 @@ func TestUnschedulablePod(t *testing.T) {
 	d := p.Diagnose(t.Context(), req, sm.ExternalID())
 	if !strings.Contains(d, "PodScheduled: Unschedulable") || !strings.Contains(d, "didn't match Pod's node affinity/selector") {
 		t.Errorf("diagnosis: %q", d)
+	}
+
+	// scheduler-name: the pod waits for that scheduler (the cluster's
+	// does not take it).
+	sm, err = p.Create(e.request(nodeID(), "pod-own-scheduler", 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	advanceTo(t, sm, stepRunning)
+	t.Cleanup(func() { _, _ = advance(t, mustDelete(t, p, sm.ExternalID())) })
+	pod, err := e.admin.CoreV1().Pods(sm.ExternalID()).Get(t.Context(), "pod-own-scheduler", metav1.GetOptions{})
+	if err != nil || pod.Spec.SchedulerName != "own-scheduler" || pod.Spec.NodeName != "" {
+		t.Errorf("pod of scheduler-name own-scheduler: %v, scheduler %q, node %q", err, pod.Spec.SchedulerName, pod.Spec.NodeName)
+	}
+	if step, err := sm.Advance(t.Context()); err != nil || step.Done {
+		t.Errorf("a pod its scheduler has not placed: %+v, %v; want a wait", step, err)
+	}
+}
+
+// Nodepool's quota of a label: a fraction of a GPU or of an extra
+// resource counts as a whole one; a namespace and a spec count one
+// instance.
+func TestQuotaForLabel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `
+labels: [{name: a}, {name: b}, {name: c}]
+providers:
+  - name: %[1]s
+    driver: kubernetes
+    context: k8stest
+    pools:
+      - name: main
+        labels:
+          - {name: a, type: pod, image: x, cpu: 3, memory: 100, gpu: 0.5, gpu-resource: example.com/gpu, extra-resources: {licenses: 1.5}}
+          - {name: b, type: namespace}
+          - {name: c, type: pod, spec: {containers: [{name: c, image: x, resources: {requests: {cpu: 4}}}]}}
+`)
+	p := e.provider()
+	for label, want := range map[string]drivers.Resources{
+		"a": {Instances: 1, Cores: 3, RAM: 100, Other: map[string]int{"example.com/gpu": 1, "licenses": 2}},
+		"b": {Instances: 1},
+		"c": {Instances: 1},
+	} {
+		if got, err := p.QuotaForLabel("main", label); err != nil || !sameResources(got, want) {
+			t.Errorf("QuotaForLabel(%s) = %+v, %v; want %+v", label, got, err, want)
+		}
+	}
+	if _, err := p.QuotaForLabel("main", "nonesuch"); err == nil {
+		t.Error("a label the pool lacks has a quota")
+	}
+	if lim, err := p.QuotaLimits(t.Context()); err != nil || lim.Instances != drivers.Unlimited || lim.Cores != drivers.Unlimited || lim.RAM != drivers.Unlimited {
+		t.Errorf("QuotaLimits = %+v, %v; want unlimited, as Nodepool's", lim, err)
 	}
 }
 
