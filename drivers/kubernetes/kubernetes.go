@@ -63,7 +63,9 @@ type Options struct {
 	// when there is none).
 	Kubeconfig string
 	// PollInterval is how long a create or delete waits between looks at
-	// a token, pod or namespace that is not there yet (default 250 ms).
+	// a token, pod or namespace that is not there yet (default 1 s, as
+	// Nodepool's: a cluster deleting a hundred namespaces is asked about
+	// each once a second).
 	PollInterval time.Duration
 	// Log gets the driver's log (default: none).
 	Log *slog.Logger
@@ -119,7 +121,7 @@ func NewForConfig(pc *config.Provider, rc *rest.Config, opts Options) (*Provider
 	}
 	poll := opts.PollInterval
 	if poll <= 0 {
-		poll = 250 * time.Millisecond
+		poll = time.Second
 	}
 	return &Provider{cfg: pc, client: cl, rest: rc, log: log, poll: poll}, nil
 }

@@ -463,3 +463,30 @@ func TestDeadPodReplaced(t *testing.T) {
 	metricReaches(t, s.p.Metrics(), 1, "nodepool_dead_instances_total", "provider="+s.provider)
 	kubernetes.UntilNamespace(t, s.k8s.Client, ready.ExternalID, 60*time.Second, func(ns *corev1.Namespace) bool { return ns == nil })
 }
+
+// examples/kubernetes.yaml, which docs/kubernetes.md runs, loads without
+// a warning and keeps its min-ready pod ready.
+func TestExample(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../examples/kubernetes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse("examples/kubernetes.yaml", data)
+	if err != nil || len(cfg.Warnings) > 0 {
+		t.Fatalf("%v, warnings %v", err, cfg.Warnings)
+	}
+	yaml := strings.Replace(string(data), "  - name: k8s\n", "  - name: %[1]s\n", 1)
+	if yaml == string(data) {
+		t.Fatal("the example's provider is not k8s")
+	}
+	s := startSite(t, yaml)
+	s.until(60*time.Second, "the min-ready pod ready", func() bool {
+		ready := false
+		s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			ready = e.Value.State == kv.NodeReady && e.Value.HasLabel("pod-fedora") && e.Value.Kubernetes != nil
+			return !ready
+		})
+		return ready
+	})
+}
