@@ -481,12 +481,27 @@ func TestExample(t *testing.T) {
 		t.Fatal("the example's provider is not k8s")
 	}
 	s := startSite(t, yaml)
+	var node kv.Node
 	s.until(60*time.Second, "the min-ready pod ready", func() bool {
 		ready := false
 		s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 			ready = e.Value.State == kv.NodeReady && e.Value.HasLabel("pod-fedora") && e.Value.Kubernetes != nil
+			node = e.Value
 			return !ready
 		})
 		return ready
 	})
+	// The pool's default requests, and no limit set: the limits are the
+	// requests, as in Nodepool.
+	pod, err := s.k8s.Client.CoreV1().Pods(node.ExternalID).Get(t.Context(), node.Kubernetes.Pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := pod.Spec.Containers[0].Resources
+	for name, want := range map[corev1.ResourceName]string{corev1.ResourceCPU: "1", corev1.ResourceMemory: "512Mi"} {
+		req, lim := res.Requests[name], res.Limits[name]
+		if req.String() != want || lim.String() != want {
+			t.Errorf("%s: request %s, limit %s; want %s both", name, req.String(), lim.String(), want)
+		}
+	}
 }
