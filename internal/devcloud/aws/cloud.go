@@ -5,7 +5,8 @@
 // snapshots, volumes, spot requests, fleets, dedicated hosts, import tasks)
 // and has knobs for what a real cloud does to its clients: API latency,
 // boot time, capacity errors per instance type, quotas, throttling and spot
-// interruptions. Tests, benchmarks and `nodepool dev-cloud aws` use it.
+// interruptions. Tests and `nodepool-devcloud aws` (which benchmarks run)
+// use it.
 //
 // Requests are told apart by the service in their SigV4 signature's scope
 // (ec2, servicequotas, ebs, s3), as an AWS endpoint does by host name; the
@@ -77,8 +78,10 @@ type Knobs struct {
 	// InstanceAddress, if set, is every instance's private and public
 	// IPv4 address (tests point it at SSH servers on 127.0.0.1).
 	InstanceAddress string `json:"instance_address"`
-	// Quotas are the Service Quotas values by code (vCPUs), enforced by
-	// RunInstances and CreateFleet.
+	// Quotas are Service Quotas values by code, over the defaults: EC2's
+	// vCPU quotas (awsquota.Quotas; DefaultQuotas sets them all), which
+	// RunInstances and CreateFleet enforce, and any other quota served
+	// (EBS storage in TiB, IOPS, dedicated hosts), which is reported only.
 	Quotas map[string]float64 `json:"quotas"`
 	// NoCapacity makes launches of an instance type fail with
 	// InsufficientInstanceCapacity: the number of launches to refuse
