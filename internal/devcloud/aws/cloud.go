@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -279,6 +280,44 @@ func (c *Cloud) LiveInstances() int {
 		}
 	}
 	return n
+}
+
+// InstanceInfo is an instance as the cloud holds it.
+type InstanceInfo struct {
+	ID    string `json:"id"`
+	Type  string `json:"type"`
+	State string `json:"state"`
+	// Launched is when RunInstances (or CreateFleet) made it; Running
+	// when it went from pending to running (absent before).
+	Launched time.Time  `json:"launched"`
+	Running  *time.Time `json:"running,omitempty"`
+}
+
+// Instances lists the instances that are not terminated, oldest first.
+func (c *Cloud) Instances() []InstanceInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.advance(now)
+	out := []InstanceInfo{}
+	for _, in := range c.instances {
+		if in.State == "terminated" {
+			continue
+		}
+		ii := InstanceInfo{ID: in.ID, Type: in.Type, State: in.State, Launched: in.LaunchTime}
+		if in.State != "pending" && !in.RunningAt.IsZero() && !in.RunningAt.After(now) {
+			t := in.RunningAt
+			ii.Running = &t
+		}
+		out = append(out, ii)
+	}
+	slices.SortFunc(out, func(a, b InstanceInfo) int {
+		if c := a.Launched.Compare(b.Launched); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
 
 // newID makes an id such as i-0123456789abcdef0.
