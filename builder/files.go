@@ -28,7 +28,7 @@ const FilesBucket = "nodepool-image-files"
 // does not know everywhere yet the store another process just created, is
 // waited out.
 func EnsureFiles(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) (jetstream.ObjectStore, error) {
-	obs, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+	_, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
 			Bucket:      FilesBucket,
 			Description: "image files of the builds in nodepool-images",
@@ -43,7 +43,7 @@ func EnsureFiles(ctx context.Context, js jetstream.JetStream, replicas int, log 
 	if err != nil {
 		return nil, fmt.Errorf("opening object store %s: %w", FilesBucket, err)
 	}
-	obs, err = natsretry.Await(ctx, jetstream.ErrBucketNotFound, func(ctx context.Context) (jetstream.ObjectStore, error) {
+	obs, err := natsretry.Await(ctx, jetstream.ErrBucketNotFound, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return js.ObjectStore(ctx, FilesBucket)
 	})
 	if err != nil {

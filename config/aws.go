@@ -2,11 +2,12 @@ package config
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the aws driver's keys, as aws.rst gives them (boot-timeout
@@ -74,10 +75,51 @@ type AWSCloudImage struct {
 	ConnectionPort int              `yaml:"connection-port"`
 }
 
-// AWSImageFilter is a DescribeImages filter.
+// AWSImageFilter is a DescribeImages filter. Its keys may also be spelt
+// as EC2's API spells them (Name, Values), as Nodepool, which hands them to
+// boto3, accepts.
 type AWSImageFilter struct {
 	Name   string     `yaml:"name" required:"true"`
 	Values StringList `yaml:"values" required:"true"`
+}
+
+func (f *AWSImageFilter) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, n, "expected a mapping with name and values, got %s", describe(n))
+		return
+	}
+	seen := map[string]*yaml.Node{}
+	for _, p := range d.pairs(path, n) {
+		key := p.key.Value
+		field := strings.ToLower(key)
+		if p.key.Kind != yaml.ScalarNode || (key != field && key != "Name" && key != "Values") || (field != "name" && field != "values") {
+			msg := "unknown key; expected name and values (or EC2's Name and Values)"
+			if alt := nearest(key, []string{"name", "values"}); alt != "" {
+				msg = fmt.Sprintf("unknown key; did you mean %q? (expected name and values, or EC2's Name and Values)", alt)
+			}
+			d.fail(joinPath(path, key), p.key, "%s", msg)
+			continue
+		}
+		if prev := seen[field]; prev != nil {
+			d.fail(joinPath(path, key), p.key, "%s and %s are the same key (also line %d); give one", prev.Value, key, prev.Line)
+			continue
+		}
+		seen[field] = p.key
+		v := resolveAlias(p.val)
+		if v == nil || isNull(v) {
+			continue
+		}
+		if field == "name" {
+			d.decodeString(joinPath(path, key), v, reflect.ValueOf(&f.Name).Elem(), false)
+		} else {
+			f.Values.decodeYAML(d, joinPath(path, key), v)
+		}
+	}
+	for _, k := range []string{"name", "values"} {
+		if seen[k] == nil {
+			d.fail(path, n, "missing required key %q", k)
+		}
+	}
 }
 
 // ImageRef is the AMI id to boot, when the entry names one: its image-id,
@@ -98,14 +140,14 @@ type AWSDiskimage struct {
 	AWSShellType  string `yaml:"shell-type" drivers:"aws"`
 	Architecture  string `yaml:"architecture" drivers:"aws"`
 	// ENASupport defaults to true.
-	ENASupport      *bool             `yaml:"ena-support" drivers:"aws"`
-	ImageVolumeType string            `yaml:"volume-type" drivers:"aws"`
-	ImageVolumeSize int               `yaml:"volume-size" drivers:"aws"`
-	IMDSSupport     string            `yaml:"imds-support" drivers:"aws"`
-	ImportMethod    string            `yaml:"import-method" drivers:"aws"`
-	ImageIops       int               `yaml:"iops" drivers:"aws"`
-	ImageThroughput int               `yaml:"throughput" drivers:"aws"`
-	ImageTags       map[string]string `yaml:"tags" drivers:"aws"`
+	ENASupport      *bool  `yaml:"ena-support" drivers:"aws"`
+	ImageVolumeType string `yaml:"volume-type" drivers:"aws"`
+	ImageVolumeSize int    `yaml:"volume-size" drivers:"aws"`
+	IMDSSupport     string `yaml:"imds-support" drivers:"aws"`
+	ImportMethod    string `yaml:"import-method" drivers:"aws"`
+	ImageIops       int    `yaml:"iops" drivers:"aws"`
+	ImageThroughput int    `yaml:"throughput" drivers:"aws"`
+	ImageTags       Tags   `yaml:"tags" drivers:"aws"`
 }
 
 // HasENASupport reports ena-support (default true).
@@ -145,7 +187,7 @@ func (ap *AWSPool) ChecksHostKeys() bool { return ap.AWSHostKeyCheck == nil || *
 
 // AWSLabel holds the keys only an aws pool's label has.
 type AWSLabel struct {
-	InstanceType       string                 `yaml:"instance-type" drivers:"aws"`
+	InstanceType       string                 `yaml:"instance-type" drivers:"aws" orlist:"some Nodepool builds take a list and try its types in turn when EC2 lacks capacity; this launcher launches the first type only: give one type, or fleet: {instance-types: [...]} to let EC2 choose among several"`
 	Fleet              *AWSFleet              `yaml:"fleet" drivers:"aws"`
 	DedicatedHost      bool                   `yaml:"dedicated-host" drivers:"aws"`
 	EBSOptimized       bool                   `yaml:"ebs-optimized" drivers:"aws"`
@@ -157,8 +199,8 @@ type AWSLabel struct {
 	RootIops           int                    `yaml:"iops" drivers:"aws"`
 	RootThroughput     int                    `yaml:"throughput" drivers:"aws"`
 	EC2UserData        string                 `yaml:"userdata" drivers:"aws"`
-	Tags               map[string]string      `yaml:"tags" drivers:"aws"`
-	DynamicTags        map[string]string      `yaml:"dynamic-tags" drivers:"aws"`
+	Tags               Tags                   `yaml:"tags" drivers:"aws"`
+	DynamicTags        Tags                   `yaml:"dynamic-tags" drivers:"aws"`
 	UseSpot            bool                   `yaml:"use-spot" drivers:"aws"`
 	// OnDemandFallback (an extension): after this many spot capacity
 	// errors in a row, a node of a use-spot label is launched on demand
@@ -169,8 +211,12 @@ type AWSLabel struct {
 // AWSFleet is a label's fleet: CreateFleet picks one of several instance
 // types.
 type AWSFleet struct {
-	InstanceTypes      []string `yaml:"instance-types"`
-	AllocationStrategy string   `yaml:"allocation-strategy" required:"true"`
+	InstanceTypes []string `yaml:"instance-types"`
+	// InstanceRequirements (EC2's attribute-based selection, in some
+	// Nodepool builds) is read and checked, but this launcher does not
+	// send it: a label that has it cannot launch (see validateAWS).
+	InstanceRequirements *RawYAML `yaml:"instance-requirements"`
+	AllocationStrategy   string   `yaml:"allocation-strategy" required:"true"`
 }
 
 // AWSIAMInstanceProfile names an instance profile by name or arn.
@@ -303,9 +349,9 @@ func validateAWS(c *Config, v *validation, i int) {
 		}
 		if ref := ci.ImageRef(); ref != "" && !strings.HasPrefix(ref, "ami-") {
 			if ci.ImageID != "" {
-				v.fail(cpath+".image-id", cat("image-id"), "expected an AMI id such as ami-0123456789abcdef0, got %q", ci.ImageID)
+				v.warn(cpath+".image-id", cat("image-id"), "%q is not an AMI id (such as ami-0123456789abcdef0): EC2 refuses it, so every launch of the labels booting cloud image %q fails (Nodepool loads it too)", ci.ImageID, ci.Name)
 			} else {
-				v.fail(cpath, cat(), "cloud image %q has neither image-id nor image-filters, so its name is taken as the AMI id, and %q is not one (ami-...)", ci.Name, ci.Name)
+				v.warn(cpath, cat(), "cloud image %q has neither image-id nor image-filters, so its name is taken as the AMI id, and %q is not one (ami-...): EC2 refuses it, so every launch of the labels booting it fails", ci.Name, ci.Name)
 			}
 		}
 		for k, f := range ci.ImageFilters {
@@ -331,7 +377,7 @@ func validateAWS(c *Config, v *validation, i int) {
 			v.fail(dpath, dat(), "volume-size, iops and throughput must be 0 or more")
 		}
 		if ad.ImageThroughput > 0 && ad.ImageVolumeType != "gp3" {
-			v.fail(dpath+".throughput", dat("throughput"), "throughput is only valid for gp3 volumes, not %s", ad.ImageVolumeType)
+			v.warn(dpath+".throughput", dat("throughput"), "throughput applies to gp3 volumes only: AWS refuses to register an image whose %s volume has one, so every upload of it to this provider fails (Nodepool sends it the same way); remove throughput or set volume-type: gp3", ad.ImageVolumeType)
 		}
 		if ad.IMDSSupport != "" && ad.IMDSSupport != "v2.0" {
 			v.fail(dpath+".imds-support", dat("imds-support"), "expected v2.0 (or nothing), got %q", ad.IMDSSupport)
@@ -374,8 +420,13 @@ func validateAWS(c *Config, v *validation, i int) {
 				v.fail(lpath+".fleet", lat("fleet"), "instance-type and fleet exclude each other")
 			}
 			if f := al.Fleet; f != nil {
-				if len(f.InstanceTypes) == 0 {
-					v.fail(lpath+".fleet.instance-types", lat("fleet"), "expected at least one instance type")
+				switch {
+				case f.InstanceRequirements != nil && len(f.InstanceTypes) > 0:
+					v.fail(lpath+".fleet", lat("fleet"), "instance-types and instance-requirements exclude each other (as in Nodepool); give one")
+				case f.InstanceRequirements != nil:
+					v.warn(lpath+".fleet.instance-requirements", lat("fleet", "instance-requirements"), "EC2's attribute-based instance selection (a key of some Nodepool builds) is not sent by this launcher, so every launch of label %q fails; list the types under instance-types instead", pl.Name)
+				case len(f.InstanceTypes) == 0:
+					v.fail(lpath+".fleet.instance-types", lat("fleet"), "expected at least one instance type (or instance-requirements)")
 				}
 				valid := AWSOnDemandFleet
 				if al.UseSpot {
@@ -412,8 +463,8 @@ func validateAWS(c *Config, v *validation, i int) {
 			if al.RootVolumeSize < 0 || al.RootIops < 0 || al.RootThroughput < 0 {
 				v.fail(lpath, lat(), "volume-size, iops and throughput must be 0 or more")
 			}
-			if al.RootThroughput > 0 && al.RootVolumeType != "gp3" {
-				v.fail(lpath+".throughput", lat("throughput"), "throughput is only valid for gp3 volumes (set volume-type: gp3)")
+			if al.RootThroughput > 0 {
+				checkThroughput(v, p, pl, lpath+".throughput", lat("throughput"))
 			}
 			if al.OnDemandFallback < 0 {
 				v.fail(lpath+".on-demand-fallback", lat("on-demand-fallback"), "expected 0 (never) or more spot capacity errors, got %d", al.OnDemandFallback)
@@ -426,5 +477,29 @@ func validateAWS(c *Config, v *validation, i int) {
 				}
 			}
 		}
+	}
+}
+
+// checkThroughput checks a label's throughput, which EC2 takes for gp3
+// volumes only. Nodepool loads any throughput and sends it; EC2 refuses the
+// launch when the root volume is of another type: that is said as a
+// warning, as what a cloud refuses is. Without a volume-type the root
+// volume keeps its image's type, known for a diskimage (volume-type, gp3 by
+// default) but not for a cloud image.
+func checkThroughput(v *validation, p *Provider, pl *PoolLabel, path string, at *yaml.Node) {
+	al := &pl.AWSLabel
+	refused := func(typ, whose string) {
+		v.warn(path, at, "throughput applies to gp3 volumes only: AWS refuses a launch with throughput for %s %s volume, so every launch of label %q fails (Nodepool sends it the same way); remove throughput or set volume-type: gp3", whose, typ, pl.Name)
+	}
+	switch {
+	case al.RootVolumeType == "gp3":
+	case al.RootVolumeType != "":
+		refused(al.RootVolumeType, "its")
+	case pl.Diskimage != "":
+		if pd, ok := p.Diskimage(pl.Diskimage); ok && pd.ImageVolumeType != "gp3" {
+			refused(pd.ImageVolumeType, fmt.Sprintf("diskimage %s's", pd.Name))
+		}
+	default:
+		v.warn(path, at, "throughput applies to gp3 volumes only, and this label sets no volume-type, so the root volume keeps the type of cloud image %q: AWS refuses the launch unless that is gp3; set volume-type: gp3 to be sure", pl.CloudImage)
 	}
 }

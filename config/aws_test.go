@@ -140,7 +140,6 @@ func TestAWSErrors(t *testing.T) {
 		{"spot strategy", "              allocation-strategy: prioritized\n", "              allocation-strategy: prioritized\n            use-spot: true\n", `expected one of price-capacity-optimized, capacity-optimized, diversified, lowest-price for spot instances, got "prioritized"`},
 		{"profile both", "              arn: arn", "              name: x\n              arn: arn", "expected name or arn (one of them)"},
 		{"imdsv2", "            imdsv2: required", "            imdsv2: always", `imdsv2: expected optional or required, got "always"`},
-		{"throughput", "            volume-type: gp3\n", "            volume-type: gp2\n", "throughput is only valid for gp3"},
 		{"key-name", "            instance-type: m5.large\n            key-name: zuul\n", "            instance-type: m5.large\n", `missing required key "key-name"`},
 		{"import method", "        import-method: ebs-direct", "        import-method: magic", "import-method: expected one of snapshot, image, ebs-direct"},
 		{"dedicated host", "            instance-type: t3.large\n", "            instance-type: t3.large\n            dedicated-host: true\n", "dedicated-host and use-spot exclude each other"},

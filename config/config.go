@@ -8,9 +8,10 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults applied to keys left out of nodepool.yaml, as in Nodepool.
@@ -179,7 +180,7 @@ type Provider struct {
 
 	// Launch keys of the drivers that launch instances. The defaults
 	// depend on the driver (see drivers.go).
-	LaunchRetries int      `yaml:"launch-retries" drivers:"fake,metastatic,openstack,aws"`
+	LaunchRetries int      `yaml:"launch-retries" drivers:"fake,metastatic,openstack,aws,kubernetes"`
 	BootTimeout   Duration `yaml:"boot-timeout" drivers:"fake,metastatic,openstack,aws"`
 	LaunchTimeout Duration `yaml:"launch-timeout" drivers:"fake,metastatic,openstack,aws"`
 	// Rate is the most API calls per second to the provider, all
@@ -196,9 +197,10 @@ type Provider struct {
 	// Images uploaded to this provider (drivers with images only).
 	Diskimages []ProviderDiskimage `yaml:"diskimages" drivers:"fake,openstack,aws"`
 
-	FakeProvider      `yaml:",inline"`
-	OpenStackProvider `yaml:",inline"`
-	AWSProvider       `yaml:",inline"`
+	FakeProvider       `yaml:",inline"`
+	OpenStackProvider  `yaml:",inline"`
+	AWSProvider        `yaml:",inline"`
+	KubernetesProvider `yaml:",inline"`
 
 	// set holds the keys written in the file.
 	set map[string]bool
@@ -214,8 +216,8 @@ type Pool struct {
 	// (it takes no request), as Nodepool documents for removing a
 	// provider from the launcher.
 	MaxServers int `yaml:"max-servers"`
-	MaxCores   int `yaml:"max-cores" drivers:"fake,openstack,aws"`
-	MaxRAM     int `yaml:"max-ram" drivers:"fake,openstack,aws"`
+	MaxCores   int `yaml:"max-cores" drivers:"fake,openstack,aws,kubernetes"`
+	MaxRAM     int `yaml:"max-ram" drivers:"fake,openstack,aws,kubernetes"`
 	// NodeAttributes are stored in the `attributes` of every node of the
 	// pool.
 	NodeAttributes Attributes  `yaml:"node-attributes"`
@@ -225,6 +227,7 @@ type Pool struct {
 	MetastaticPool `yaml:",inline"`
 	OpenStackPool  `yaml:",inline"`
 	AWSPool        `yaml:",inline"`
+	KubernetesPool `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -248,6 +251,8 @@ type PoolLabel struct {
 	OpenStackLabel `yaml:",inline"`
 	// An aws label's keys (see aws.go).
 	AWSLabel `yaml:",inline"`
+	// A kubernetes label's keys (see kubernetes.go).
+	KubernetesLabel `yaml:",inline"`
 
 	set map[string]bool
 }
@@ -387,6 +392,40 @@ func (p *Pool) Label(name string) (PoolLabel, bool) {
 		}
 	}
 	return PoolLabel{}, false
+}
+
+// Unavailable lists the providers whose driver this build reads but cannot
+// run (kubernetes, whose launcher is not built yet): their keys are
+// checked like any other's, and Runnable refuses the file.
+func (c *Config) Unavailable() []*Provider {
+	var out []*Provider
+	for i := range c.Providers {
+		if !DriverAvailable(c.Providers[i].Driver) {
+			out = append(out, &c.Providers[i])
+		}
+	}
+	return out
+}
+
+// UnavailableMessage says why this build cannot run a provider of a
+// driver it reads.
+func UnavailableMessage(p *Provider) string {
+	return fmt.Sprintf("provider %s: driver %s: configuration valid; the driver %s", p.Name, p.Driver, driverSpecs[p.Driver].missing)
+}
+
+// Runnable reports whether this build can run every provider of the file:
+// nil, or an error naming each one it cannot. A launcher does not start
+// (or reload) with such a file, rather than leave a provider unserved.
+func (c *Config) Runnable() error {
+	un := c.Unavailable()
+	if len(un) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(un))
+	for i, p := range un {
+		msgs[i] = UnavailableMessage(p)
+	}
+	return fmt.Errorf("%s: %s; remove such providers from this file (Nodepool can keep serving them) to run it here", c.File, strings.Join(msgs, "; "))
 }
 
 // IsErrors reports whether err holds configuration problems (as opposed to,

@@ -66,20 +66,20 @@ func TestParseErrors(t *testing.T) {
 		yaml string
 		want []string // each must appear in the error text
 	}{
-		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; expected one of: build-log-dir, build-log-retention, diskimages, elements-dir, images-dir, labels, max-hold-age, providers, tenant-resource-limits, webapp"}},
+		{"unknown top-level key", "labels: []\nprovider: []\n", []string{"nodepool.yaml:2: provider: unknown key; did you mean \"providers\"? (expected one of: build-log-dir, build-log-retention, diskimages, elements-dir, images-dir, labels, max-hold-age, providers, tenant-resource-limits, webapp"}},
 		{"zookeeper server without host", "zookeeper-servers:\n  - port: 2181\nlabels: []\n", []string{`nodepool.yaml:2: zookeeper-servers[0]: missing required key "host"`}},
 		{"zookeeper chroot not a path", "zookeeper-servers:\n  - host: zk\n    chroot: nodepool\nlabels: []\n", []string{`zookeeper-servers[0].chroot: expected a ZooKeeper path such as /nodepool, got "nodepool"`}},
 		{"zookeeper chroots differ", "zookeeper-servers:\n  - {host: zk1, chroot: /a}\n  - {host: zk2, chroot: /b}\nlabels: []\n", []string{"zookeeper-servers: the entries name different chroots: /a (zookeeper-servers[0]), /b (zookeeper-servers[1])"}},
 		{"zookeeper port", "zookeeper-servers:\n  - {host: zk1, port: 99999}\nlabels: []\n", []string{"zookeeper-servers[0].port: expected a port from 1 to 65535, got 99999"}},
 		{"zookeeper timeout", "zookeeper-servers:\n  - {host: zk1}\nzookeeper-timeout: soon\nlabels: []\n", []string{`zookeeper-timeout: expected a number of seconds, got "soon"`}},
 		{"zookeeper tls incomplete", "zookeeper-servers:\n  - {host: zk1}\nzookeeper-tls: {ca: /ca.pem}\nlabels: []\n", []string{`zookeeper-tls: missing required key "cert"`, `zookeeper-tls: missing required key "key"`}},
-		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{"labels[0].minready: unknown key; expected one of: max-ready-age, min-ready, name"}},
+		{"unknown label key", "labels:\n  - name: a\n    minready: 1\n", []string{`labels[0].minready: unknown key; did you mean "min-ready"? (expected one of: max-ready-age, min-ready, name)`}},
 		{"wrong type", strings.Replace(valid, "max-servers: 5", "max-servers: five", 1), []string{`providers[0].pools[0].max-servers: expected an integer, got "five"`}},
 		{"wrong type list", "labels: {name: a}\n", []string{"labels: expected a list, got a mapping"}},
 		{"bad duration", strings.Replace(valid, "boot-delay: 0.5", "boot-delay: soon", 1), []string{`providers[0].boot-delay: expected a duration`}},
 		{"undefined pool label", strings.Replace(valid, "          - debian\n", "          - debian\n          - centos\n", 1), []string{`providers[0].pools[0].labels[2]: label "centos" is not defined`}},
 		{"driver-specific key on the wrong driver", "labels: []\nproviders:\n  - name: s\n    driver: static\n    boot-delay: 1\n    pools: []\n", []string{"providers[0].boot-delay: the static driver has no such key (it is a key of the fake driver)"}},
-		{"unknown driver", "labels: []\nproviders:\n  - name: s\n    driver: nonesuch\n    boot-delay: 1\n    pools: []\n", []string{`nodepool.yaml:4: providers[0].driver: unknown driver "nonesuch"; expected one of: aws, fake, metastatic, openstack, static`}},
+		{"unknown driver", "labels: []\nproviders:\n  - name: s\n    driver: nonesuch\n    boot-delay: 1\n    pools: []\n", []string{`nodepool.yaml:4: providers[0].driver: unknown driver "nonesuch"; expected one of: aws, fake, kubernetes, metastatic, openstack, static`}},
 		{"missing name", "labels:\n  - min-ready: 1\n", []string{`labels[0]: missing required key "name"`}},
 		{"duplicate provider", strings.Replace(valid, "providers:\n", "providers:\n  - name: cloud1\n    driver: fake\n    pools: [{name: x}]\n", 1), []string{`provider "cloud1" is defined twice`}},
 		{"bad failure rate", strings.Replace(valid, "failure-rate: 0.1", "failure-rate: 2", 1), []string{"providers[0].failure-rate: expected a number from 0 to 1, got 2"}},

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Error is one problem found in a configuration file: where it is (file,
@@ -81,6 +81,34 @@ type decoder struct {
 	// merging are the mappings whose merge keys are being expanded, to
 	// refuse a mapping that merges itself.
 	merging map[*yaml.Node]bool
+	// apart counts the errors that stand apart: a provider of a driver
+	// this build does not know. The rest of the file is still checked
+	// past them (see blocked).
+	apart int
+	// env is the environment (KEY=value) the file is read in: the
+	// %(NODEPOOL_...) placeholders' and OS_CLOUD's.
+	env []string
+}
+
+// blocked reports whether an error found so far stops the next phase
+// (references, defaults and checks need what the earlier phase decoded).
+func (d *decoder) blocked() bool { return len(d.errs) > d.apart }
+
+// failApart records an error that does not keep the rest of the file from
+// being checked.
+func (d *decoder) failApart(path string, n *yaml.Node, format string, args ...any) {
+	d.fail(path, n, format, args...)
+	d.apart++
+}
+
+// getenv returns a variable of the environment the file is read in.
+func (d *decoder) getenv(name string) string {
+	for _, kv := range d.env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
 }
 
 func (d *decoder) fail(path string, n *yaml.Node, format string, args ...any) {
@@ -434,8 +462,8 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 		seen[key] = true
 		f, ok := d.findField(fields, key)
 		if !ok {
-			if !d.lenient {
-				d.unknownKey(joinPath(path, key), p.key, key, fields)
+			if !d.lenient && !d.tolerated(path, n, p, v, set) {
+				d.unknownKey(joinPath(path, key), p.key, key, v.Type())
 			}
 			continue
 		}
@@ -443,6 +471,10 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 			set[key] = true
 		}
 		fv := v.FieldByIndex(f.index)
+		if rv := resolveAlias(p.val); f.tag.Get("orlist") != "" && rv != nil && rv.Kind == yaml.SequenceNode && fv.Kind() == reflect.String {
+			d.firstOfList(joinPath(path, key), rv, fv, f.tag.Get("orlist"))
+			continue
+		}
 		if f.tag.Get("anyscalar") == "true" && fv.Kind() == reflect.String {
 			if rv := resolveAlias(p.val); rv != nil && !isNull(rv) {
 				d.decodeString(joinPath(path, key), rv, fv, true)
@@ -460,31 +492,17 @@ func (d *decoder) decodeStruct(path string, n *yaml.Node, v reflect.Value) map[s
 	return set
 }
 
-func (d *decoder) unknownKey(path string, at *yaml.Node, key string, fields []field) {
-	names := d.fieldNames(fields)
-	if alt, ok := renamedKeys[key]; ok && slices.Contains(names, alt) {
-		d.fail(path, at, "unknown key; did you mean %q?", alt)
+// firstOfList reads a list given for a string key whose field has an
+// orlist tag (the warning): its first entry is the value.
+func (d *decoder) firstOfList(path string, n *yaml.Node, fv reflect.Value, why string) {
+	if len(n.Content) == 0 {
+		d.fail(path, n, "expected a value (or a list of at least one), got an empty list")
 		return
 	}
-	for _, f := range fields {
-		if f.name != key {
-			continue
-		}
-		if drivers := f.tag.Get("drivers"); drivers != "" {
-			d.fail(path, at, "the %s driver has no such key (it is a key of the %s driver); expected one of: %s", d.driver, strings.ReplaceAll(drivers, ",", ", "), strings.Join(names, ", "))
-		} else {
-			d.fail(path, at, "the %s driver has no such key; expected one of: %s", d.driver, strings.Join(names, ", "))
-		}
-		return
+	d.decodeString(indexPath(path, 0), resolveAlias(n.Content[0]), fv, false)
+	if len(n.Content) > 1 || fv.String() != "" {
+		d.warn(path, n, "a list here is read as its first entry, %q: %s", fv.String(), why)
 	}
-	d.fail(path, at, "unknown key; expected one of: %s", strings.Join(names, ", "))
-}
-
-// renamedKeys are keys written where another was meant (the first is in
-// an example of Nodepool's own documentation).
-var renamedKeys = map[string]string{
-	"base":     "parent",
-	"ssh-port": "connection-port",
 }
 
 // fieldApplies reports whether a field is a key for the current driver:
@@ -663,4 +681,101 @@ func (a *Attributes) decodeYAML(d *decoder, path string, n *yaml.Node) {
 		}
 	}
 	*a = out
+}
+
+// Tags is a mapping of names to values that Nodepool hands to a cloud as
+// strings (an aws label's tags and dynamic-tags, an aws diskimage's tags):
+// a value written as a number, a boolean or nothing is the text Python's
+// str() makes of what PyYAML read (true is "True", 1.50 is "1.5", nothing
+// is "None"), as in Nodepool, with a warning.
+type Tags map[string]string
+
+func (t *Tags) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, n, "expected a mapping of names to values, got %s", describe(n))
+		return
+	}
+	out := Tags{}
+	for _, p := range d.pairs(path, n) {
+		v := resolveAlias(p.val)
+		kpath := joinPath(path, p.key.Value)
+		switch {
+		case p.key.Kind != yaml.ScalarNode:
+			d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
+		case v == nil || v.Kind != yaml.ScalarNode:
+			d.fail(kpath, p.val, "expected a string, got %s", describe(p.val))
+		default:
+			s, converted := pythonStr(v)
+			if converted {
+				d.warn(kpath, v, "%s is sent as the string %q, the text Python makes of it, as Nodepool does; quote the value to choose its text", describe(v), s)
+			}
+			out[p.key.Value] = s
+		}
+	}
+	*t = out
+}
+
+// pythonStr is the text Python's str() makes of the value PyYAML reads
+// from a scalar, and whether that differs from a string written as such
+// (a number, a boolean or nothing).
+func pythonStr(n *yaml.Node) (string, bool) {
+	plain := n.Style&(yaml.SingleQuotedStyle|yaml.DoubleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0
+	if !plain {
+		return n.Value, false
+	}
+	if b, ok := yamlBool(n); ok {
+		if b {
+			return "True", true
+		}
+		return "False", true
+	}
+	switch n.Tag {
+	case "!!null":
+		return "None", true
+	case "!!int":
+		text := strings.ReplaceAll(n.Value, "_", "")
+		if strings.Contains(strings.ToLower(text), "0o") {
+			return n.Value, false // YAML 1.2's octal is a string to PyYAML
+		}
+		if i, err := strconv.ParseInt(text, 0, 64); err == nil {
+			return strconv.FormatInt(i, 10), true
+		}
+		return n.Value, false
+	case "!!float":
+		text := strings.ReplaceAll(n.Value, "_", "")
+		lower := strings.ToLower(text)
+		switch strings.TrimLeft(lower, "+-") {
+		case ".inf":
+			if strings.HasPrefix(lower, "-") {
+				return "-inf", true
+			}
+			return "inf", true
+		case ".nan":
+			return "nan", true
+		}
+		if !strings.Contains(text, ".") {
+			return n.Value, false // 1e3 is a string to PyYAML, which wants a dot
+		}
+		if f, err := strconv.ParseFloat(text, 64); err == nil {
+			return pythonFloat(f), true
+		}
+	}
+	return n.Value, false
+}
+
+// pythonFloat writes a float as Python's repr does: the shortest digits,
+// fixed notation for exponents from -4 to 15 (with ".0" when whole),
+// else d.ddde+XX.
+func pythonFloat(f float64) string {
+	sci := strconv.FormatFloat(f, 'e', -1, 64)
+	_, exp, _ := strings.Cut(sci, "e")
+	e, _ := strconv.Atoi(exp)
+	if e < -4 || e >= 16 {
+		return sci
+	}
+	s := strconv.FormatFloat(f, 'f', -1, 64)
+	if !strings.Contains(s, ".") {
+		s += ".0"
+	}
+	return s
 }

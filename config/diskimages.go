@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the diskimage keys, as in Nodepool.
@@ -295,7 +295,7 @@ func (c *Config) validateImages(v *validation) {
 		}
 	}
 	for i, p := range c.Providers {
-		if !driverSpecs[p.Driver].available {
+		if !driverSpecs[p.Driver].knows() {
 			continue
 		}
 		path := indexPath("providers", i)
@@ -309,7 +309,7 @@ func (c *Config) validateImages(v *validation) {
 			di, ok := c.Diskimage(pd.Name)
 			switch {
 			case !ok:
-				v.fail(dpath, at("diskimages", j), "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pd.Name, strings.Join(c.DiskimageNames(), ", "))
+				v.fail(dpath, at("diskimages", j), "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pd.Name, nameList(c.DiskimageNames()))
 			case di.Abstract:
 				v.fail(dpath, at("diskimages", j), "diskimage %q is abstract; only images that are built can be uploaded", pd.Name)
 			}
@@ -334,8 +334,13 @@ func (c *Config) validateImages(v *validation) {
 				if pl.CloudImage != "" {
 					v.fail(lpath, lat, "a label boots from a diskimage or a cloud-image, not both")
 				}
-				if !listed[pl.Diskimage] {
-					v.fail(lpath+".diskimage", lat, "diskimage %q is not in this provider's diskimages; add it there to have it uploaded", pl.Diskimage)
+				switch di, ok := c.Diskimage(pl.Diskimage); {
+				case !ok:
+					v.fail(lpath+".diskimage", lat, "diskimage %q is not defined; expected one of the names under the top-level diskimages (%s)", pl.Diskimage, nameList(c.DiskimageNames()))
+				case di.Abstract:
+					v.warn(lpath+".diskimage", lat, "diskimage %q is abstract, so it is never built and this pool cannot launch label %q (Nodepool loads this too); expected one of: %s", pl.Diskimage, pl.Name, nameList(c.DiskimageNames()))
+				case !listed[pl.Diskimage]:
+					v.warn(lpath+".diskimage", lat, "diskimage %q is not in this provider's diskimages, so it is never uploaded to %s and this pool cannot launch label %q (Nodepool loads this too); add it to the provider's diskimages, or drop the label from this pool", pl.Diskimage, p.Name, pl.Name)
 				}
 			}
 		}

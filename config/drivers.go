@@ -1,11 +1,12 @@
 package config
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // How a driver's keys are declared (the convention every driver follows):
@@ -30,8 +31,13 @@ const defaultDriver = "openstack"
 
 // driverSpec is what the loader knows of a driver.
 type driverSpec struct {
-	// available: the driver is built into this binary.
+	// available: the driver is built into this binary (the launcher can
+	// run its providers).
 	available bool
+	// readable: the driver's keys are known, so its providers are decoded
+	// and checked strictly, although this build cannot run them (see
+	// Config.Unavailable). Every available driver is readable.
+	readable bool
 	// missing says why a driver of Nodepool's is not available.
 	missing string
 	// bootTimeout and rate are the driver's defaults of those keys when
@@ -46,6 +52,13 @@ type driverSpec struct {
 	validate func(c *Config, v *validation, i int)
 }
 
+// knows reports whether the driver's keys are known (it is available, or
+// readable only).
+func (s driverSpec) knows() bool { return s.available || s.readable }
+
+// notAvailableYet is why a readable driver cannot run here.
+const notAvailableYet = "is not available in this build yet"
+
 // driverSpecs are Nodepool's drivers; those built into this binary are
 // available.
 var driverSpecs = map[string]driverSpec{
@@ -54,10 +67,10 @@ var driverSpecs = map[string]driverSpec{
 	"metastatic":    {available: true, defaults: metastaticDefaults, validate: validateMetastatic},
 	"openstack":     {available: true, defaults: openstackDefaults, validate: validateOpenStack},
 	"aws":           {available: true, bootTimeout: 180 * time.Second, rate: 2, defaults: awsDefaults, validate: validateAWS},
+	"kubernetes":    {readable: true, missing: notAvailableYet, defaults: kubernetesDefaults, validate: validateKubernetes},
 	"azure":         {missing: "was not carried over from Nodepool"},
 	"gce":           {missing: "was not carried over from Nodepool"},
 	"ibmvpc":        {missing: "was not carried over from Nodepool"},
-	"kubernetes":    {missing: "was not carried over from Nodepool"},
 	"openshift":     {missing: "was not carried over from Nodepool"},
 	"openshiftpods": {missing: "was not carried over from Nodepool"},
 }
@@ -74,10 +87,27 @@ func Drivers() []string {
 	return out
 }
 
+// ReadableDrivers lists the drivers whose keys this build reads and
+// checks, sorted: the available ones and those it cannot run yet.
+func ReadableDrivers() []string {
+	var out []string
+	for name, s := range driverSpecs {
+		if s.knows() {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// DriverAvailable reports whether this build can run providers of a
+// driver.
+func DriverAvailable(driver string) bool { return driverSpecs[driver].available }
+
 // providerDriver reads a provider's driver before its other keys, so that
-// a driver this build does not have is reported alone: the keys only that
+// a driver this build does not know is reported alone: the keys only that
 // driver knows are not called unknown. It sets d.driver (and d.lenient
-// for a driver that is not available).
+// for a driver whose keys are not known).
 func (d *decoder) providerDriver(path string, n *yaml.Node) string {
 	d.driver, d.lenient = defaultDriver, false
 	dn := mappingValue(n, "driver")
@@ -86,22 +116,28 @@ func (d *decoder) providerDriver(path string, n *yaml.Node) string {
 	case dn == nil || isNull(dn):
 		at = n
 	case dn.Kind != yaml.ScalarNode || dn.Tag != "!!str":
-		d.fail(joinPath(path, "driver"), dn, "expected a driver name (one of: %s), got %s", strings.Join(Drivers(), ", "), describe(dn))
+		d.fail(joinPath(path, "driver"), dn, "expected a driver name (one of: %s), got %s", strings.Join(ReadableDrivers(), ", "), describe(dn))
 		d.driver, d.lenient = "", true
 		return ""
 	default:
 		d.driver, at = dn.Value, dn
 	}
+	// A driver this build does not know is reported alone (its keys are
+	// not called unknown), and the rest of the file is still checked.
 	spec, known := driverSpecs[d.driver]
 	switch {
-	case spec.available:
+	case spec.knows():
 		return d.driver
 	case !known:
-		d.fail(joinPath(path, "driver"), at, "unknown driver %q; expected one of: %s", d.driver, strings.Join(Drivers(), ", "))
+		msg := fmt.Sprintf("unknown driver %q; expected one of: %s", d.driver, strings.Join(ReadableDrivers(), ", "))
+		if alt := nearest(d.driver, ReadableDrivers()); alt != "" {
+			msg = fmt.Sprintf("unknown driver %q; did you mean %q? (expected one of: %s)", d.driver, alt, strings.Join(ReadableDrivers(), ", "))
+		}
+		d.failApart(joinPath(path, "driver"), at, "%s", msg)
 	case dn == nil || isNull(dn):
-		d.fail(joinPath(path, "driver"), at, "no driver given, so it is %s (Nodepool's default), and driver %s %s; set driver to one of: %s", d.driver, d.driver, spec.missing, strings.Join(Drivers(), ", "))
+		d.failApart(joinPath(path, "driver"), at, "no driver given, so it is %s (Nodepool's default), and driver %s %s; set driver to one of: %s", d.driver, d.driver, spec.missing, strings.Join(Drivers(), ", "))
 	default:
-		d.fail(joinPath(path, "driver"), at, "driver %s %s; expected one of: %s", d.driver, spec.missing, strings.Join(Drivers(), ", "))
+		d.failApart(joinPath(path, "driver"), at, "driver %s %s; expected one of: %s", d.driver, spec.missing, strings.Join(ReadableDrivers(), ", "))
 	}
 	d.lenient = true
 	return d.driver

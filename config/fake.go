@@ -1,6 +1,6 @@
 package config
 
-import "gopkg.in/yaml.v3"
+import "go.yaml.in/yaml/v3"
 
 // FakeProvider holds the keys of the fake driver's simulated cloud.
 type FakeProvider struct {

@@ -193,12 +193,24 @@ func splitPath(path string) []string {
 }
 
 // structKey finds a key of a struct, looking into inline structs and an
-// inline map (the other limits of a tenant).
+// inline map (the other limits of a tenant). Of several fields of one key
+// (one per driver), the first that is set is taken.
 func structKey(v reflect.Value, key string) (reflect.Value, bool) {
+	var first reflect.Value
 	for _, f := range fieldsOf(v.Type()) {
-		if f.name == key {
-			return v.FieldByIndex(f.index), true
+		if f.name != key {
+			continue
 		}
+		fv := v.FieldByIndex(f.index)
+		if !fv.IsZero() {
+			return fv, true
+		}
+		if !first.IsValid() {
+			first = fv
+		}
+	}
+	if first.IsValid() {
+		return first, true
 	}
 	for i := range v.NumField() {
 		f := v.Type().Field(i)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -28,6 +29,16 @@ func FuzzParse(f *testing.F) {
 		secure, _ := os.ReadFile(strings.TrimSuffix(file, ".yaml") + ".secure.yaml")
 		f.Add(data, secure)
 	}
+	// Nodepool's own fixtures, of every driver and era.
+	upstream, _ := filepath.Glob(filepath.Join("testdata", "upstream", "*.yaml"))
+	more, _ := filepath.Glob(filepath.Join("testdata", "upstream", "*", "*.yaml"))
+	for _, file := range append(upstream, more...) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(formatFieldRE.ReplaceAll(data, []byte("x")), []byte(nil))
+	}
 	f.Fuzz(func(t *testing.T, data, secure []byte) {
 		in := Input{File: "nodepool.yaml", Data: data, Env: []string{"NODEPOOL_X=1", "NODEPOOL_Y=a: b"}}
 		if len(secure) > 0 {
@@ -50,8 +61,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("build-log-retention has no default")
 		}
 		for _, p := range cfg.Providers {
-			if !driverSpecs[p.Driver].available {
-				t.Fatalf("provider %s loaded with driver %q, which is not available", p.Name, p.Driver)
+			switch spec := driverSpecs[p.Driver]; {
+			case !spec.knows():
+				t.Fatalf("provider %s loaded with driver %q, whose keys are not known", p.Name, p.Driver)
+			case !spec.available && (cfg.Runnable() == nil || !slices.ContainsFunc(cfg.Unavailable(), func(u *Provider) bool { return u.Name == p.Name })):
+				t.Fatalf("provider %s of driver %q, which this build cannot run, is not refused: %v", p.Name, p.Driver, cfg.Runnable())
 			}
 			for _, pool := range p.Pools {
 				if pool.NodeAttributes == nil {
@@ -60,6 +74,9 @@ func FuzzParse(f *testing.F) {
 				for _, pl := range pool.Labels {
 					if _, ok := cfg.Label(pl.Name); !ok {
 						t.Fatalf("pool %s/%s serves label %q, which is not defined", p.Name, pool.Name, pl.Name)
+					}
+					if kl := pl.KubernetesLabel; p.Driver == "kubernetes" && (kl.KubePythonPath == "" || (kl.Type == "pod" && kl.Spec == nil && kl.ImagePull == "")) {
+						t.Fatalf("kubernetes label %s/%s/%s lacks defaults: %+v", p.Name, pool.Name, pl.Name, kl)
 					}
 				}
 			}

@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Input is what a configuration is decoded from: nodepool.yaml, the
@@ -73,20 +73,24 @@ func Decode(in Input) (*Config, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	d := &decoder{file: in.File}
+	d := &decoder{file: in.File, env: env}
 	root := d.parseYAML(substitute(in.Data, env))
 	if root == nil {
 		return nil, d.errs
 	}
 	cfg := &Config{File: in.File, SecureFile: in.SecureFile}
 	d.decodeStruct("", root, reflect.ValueOf(cfg).Elem())
-	if len(d.errs) == 0 {
+	if signs := looksPre3(root); signs != nil && len(d.errs) > 0 {
+		// Said once, first (line 0 sorts before every other).
+		d.errs = append(d.errs, &Error{File: in.File, Msg: pre3Message(signs)})
+	}
+	if !d.blocked() {
 		cfg.resolveDiskimages(d, root)
 	}
-	if len(d.errs) == 0 && in.SecureFile != "" {
+	if !d.blocked() && in.SecureFile != "" {
 		cfg.mergeSecure(d, in.SecureFile, substitute(in.SecureData, env))
 	}
-	if len(d.errs) == 0 {
+	if !d.blocked() {
 		cfg.applyDefaults()
 		cfg.applyImageDefaults()
 		cfg.validate(d, root)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the metastatic driver's keys, as metastatic.rst gives them.
@@ -97,7 +97,7 @@ func validateMetastatic(c *Config, v *validation, i int) {
 			case pl.BackingLabel == "":
 				v.fail(lpath, at(), "missing required key \"backing-label\": the label of the nodes this label is carved out of")
 			case !defined:
-				v.fail(lpath+".backing-label", at("backing-label"), "label %q is not defined; expected one of the names under the top-level labels (%s)", pl.BackingLabel, strings.Join(c.LabelNames(), ", "))
+				v.fail(lpath+".backing-label", at("backing-label"), "label %q is not defined; expected one of the names under the top-level labels (%s)", pl.BackingLabel, nameList(c.LabelNames()))
 			case v.metaLabels[pl.BackingLabel] != "":
 				v.fail(lpath+".backing-label", at("backing-label"), "label %q is itself served by metastatic pool %s; expected a label that another driver provides", pl.BackingLabel, v.metaLabels[pl.BackingLabel])
 			}

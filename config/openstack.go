@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the openstack driver's keys, as in Nodepool.
@@ -227,7 +227,14 @@ func validateOpenStack(c *Config, v *validation, i int) {
 	op := &p.OpenStackProvider
 	path := indexPath("providers", i)
 	if strings.TrimSpace(p.Cloud) == "" {
-		d.fail(path, at(), "missing required key \"cloud\": the name of the cloud's entry in clouds.yaml")
+		// Nodepool's launcher hands no cloud to openstacksdk, which then
+		// takes OS_CLOUD, or else the OS_* credentials of the environment.
+		if env := strings.TrimSpace(v.d.getenv("OS_CLOUD")); env != "" {
+			p.Cloud = env
+			d.warn(path, at(), "no cloud given, so cloud %q of clouds.yaml is used (OS_CLOUD), as Nodepool's openstacksdk does; write cloud: %s to say so in the file", env, env)
+		} else {
+			d.warn(path, at(), "no cloud given: Nodepool's openstacksdk would then use OS_CLOUD or the OS_AUTH_URL, OS_USERNAME... variables of its environment; this launcher reads credentials from clouds.yaml only, so it cannot reach this provider's cloud until cloud names an entry of clouds.yaml (or OS_CLOUD is set)")
+		}
 	}
 	if op.RateSeconds < 0 {
 		d.fail(path+".rate", at("rate"), "expected 0 (no pacing) or more seconds between API calls, got %g", op.RateSeconds)

@@ -184,14 +184,6 @@ providers:
 
 func TestOpenStackErrors(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
-		{"no cloud", `
-labels: [{name: a}]
-providers:
-  - name: p
-    driver: openstack
-    cloud-images: [{name: c}]
-    pools: [{name: main, labels: [{name: a, cloud-image: c, flavor-name: f}]}]
-`, `nodepool.yaml:4: providers[0]: missing required key "cloud"`},
 		{"unknown cloud image", `
 labels: [{name: a}]
 providers:

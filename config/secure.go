@@ -53,10 +53,10 @@ func (c *Config) mergeSecure(d *decoder, file string, data []byte) {
 		case sdi.Name == "":
 			continue
 		case !ok:
-			sd.fail(path+".name", nodeAt(root, "diskimages", i, "name"), "diskimage %q is not defined in %s; expected one of: %s", sdi.Name, c.File, strings.Join(c.DiskimageNames(), ", "))
+			sd.fail(path+".name", nodeAt(root, "diskimages", i, "name"), "diskimage %q is not defined in %s; expected one of: %s", sdi.Name, c.File, nameList(c.DiskimageNames()))
 			continue
 		case di.Abstract:
-			sd.fail(path+".name", nodeAt(root, "diskimages", i, "name"), "diskimage %q is abstract; secure env-vars apply to the images that are built (%s)", sdi.Name, strings.Join(c.DiskimageNames(), ", "))
+			sd.fail(path+".name", nodeAt(root, "diskimages", i, "name"), "diskimage %q is abstract; secure env-vars apply to the images that are built (%s)", sdi.Name, nameList(c.DiskimageNames()))
 			continue
 		}
 		if di.EnvVars == nil {

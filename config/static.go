@@ -3,12 +3,13 @@ package config
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/crypto/ssh"
-	"gopkg.in/yaml.v3"
 )
 
 // Defaults of the static driver's node keys, as static.rst gives them.
@@ -33,11 +34,14 @@ type StaticPool struct {
 // registered as max-parallel-jobs nodes.
 type StaticNode struct {
 	// Name is the host's name or address.
-	Name            string     `yaml:"name" required:"true"`
-	Labels          LabelList  `yaml:"labels" required:"true"`
-	Username        string     `yaml:"username"`
-	ConnectionType  string     `yaml:"connection-type"`
-	ConnectionPort  int        `yaml:"connection-port"`
+	Name           string    `yaml:"name" required:"true"`
+	Labels         LabelList `yaml:"labels" required:"true"`
+	Username       string    `yaml:"username"`
+	ConnectionType string    `yaml:"connection-type"`
+	ConnectionPort int       `yaml:"connection-port"`
+	// SSHPort is connection-port's deprecated name (ssh-port), read when
+	// connection-port is not given.
+	SSHPort         int        `yaml:"ssh-port"`
 	HostKey         StringList `yaml:"host-key"`
 	HostKeyChecking *bool      `yaml:"host-key-checking"`
 	Timeout         Duration   `yaml:"timeout"`
@@ -95,6 +99,9 @@ func staticDefaults(p *Provider) {
 				sn.ConnectionPort = DefaultStaticSSHPort
 				if sn.ConnectionType == "winrm" {
 					sn.ConnectionPort = DefaultStaticWinRMPort
+				}
+				if sn.set["ssh-port"] {
+					sn.ConnectionPort = sn.SSHPort
 				}
 			}
 			if !sn.set["timeout"] {
@@ -162,10 +169,26 @@ func validateStaticNode(c *Config, v *validation, ppath string, at func(...any) 
 		}
 		v.labelDefined(lpath, lat, l)
 		if seen[l] {
-			v.fail(lpath, lat, "label %q is listed twice for this node", l)
+			v.warn(lpath, lat, "label %q is listed twice for this node; once is enough (Nodepool accepts it too)", l)
 		}
 		seen[l] = true
 		v.provided[l] = true
+	}
+	if len(seen) < len(sn.Labels) {
+		var once LabelList
+		for _, l := range sn.Labels {
+			if !slices.Contains(once, l) {
+				once = append(once, l)
+			}
+		}
+		sn.Labels = once
+	}
+	if sn.set["ssh-port"] {
+		if sn.set["connection-port"] {
+			v.warn(npath+".ssh-port", nat("ssh-port"), "ssh-port is Nodepool's old name of connection-port (deprecated since the static driver took windows hosts, Nodepool 3.x); connection-port is given too and wins: remove ssh-port")
+		} else {
+			v.warn(npath+".ssh-port", nat("ssh-port"), "ssh-port is Nodepool's old name of connection-port (deprecated since the static driver took windows hosts, Nodepool 3.x); it is read as connection-port %d: rename it", sn.ConnectionPort)
+		}
 	}
 	if sn.ConnectionType == "" || strings.ContainsAny(sn.ConnectionType, " \t\n") {
 		v.fail(npath+".connection-type", nat("connection-type"), "expected a connection type such as ssh, winrm or network_cli, got %q", sn.ConnectionType)

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"cmp"
 	"regexp"
+	"slices"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // nameRE is what provider, pool and diskimage names may hold: they become
@@ -32,6 +34,9 @@ type validation struct {
 	provided    map[string]bool
 	metaLabels  map[string]string
 	staticHosts map[string]string
+	// duplicates are pool labels listed again later in their pool,
+	// dropped once the checks are done.
+	duplicates []poolLabelAt
 }
 
 func (v *validation) at(path ...any) *yaml.Node { return nodeAt(v.root, path...) }
@@ -47,7 +52,7 @@ func (v *validation) warn(path string, n *yaml.Node, format string, args ...any)
 // labelDefined checks that a label a pool names is a top-level label.
 func (v *validation) labelDefined(path string, at *yaml.Node, name string) {
 	if _, ok := v.labels[name]; !ok {
-		v.fail(path, at, "label %q is not defined; expected one of the names under the top-level labels (%s)", name, strings.Join(v.labelNames(), ", "))
+		v.fail(path, at, "label %q is not defined; expected one of the names under the top-level labels (%s)", name, nameList(v.labelNames()))
 	}
 }
 
@@ -104,7 +109,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 		}
 		providers[p.Name] = i
 		spec := driverSpecs[p.Driver]
-		if !spec.available {
+		if !spec.knows() {
 			// Its keys are not known: count its labels as provided and
 			// check nothing more (the driver error says what to do).
 			for _, pool := range p.Pools {
@@ -137,6 +142,7 @@ func (c *Config) validate(d *decoder, root *yaml.Node) {
 	}
 	c.validateImages(v)
 	c.validateZooKeeper(v)
+	c.dropDuplicates(v.duplicates)
 }
 
 // validatePools checks what every driver's pools have in common.
@@ -155,17 +161,49 @@ func (c *Config) validatePools(v *validation, i int) {
 			v.fail(ppath+".name", pat("name"), "pool %q is defined twice in provider %q (also pools[%d])", pool.Name, p.Name, prev)
 		}
 		pools[pool.Name] = j
-		seen := map[string]bool{}
+		seen := map[string]int{}
 		for k, pl := range pool.Labels {
 			lpath := indexPath(ppath+".labels", k)
 			v.labelDefined(lpath, pat("labels", k), pl.Name)
-			if seen[pl.Name] {
-				v.fail(lpath, pat("labels", k), "label %q is listed twice in this pool", pl.Name)
+			if prev, dup := seen[pl.Name]; dup {
+				v.warn(lpath, pat("labels", k), "label %q is listed twice in this pool (also labels[%d], line %d); this entry is used and the earlier one ignored, as Nodepool does", pl.Name, prev, lineOf(pat("labels", prev)))
+				v.duplicates = append(v.duplicates, poolLabelAt{i, j, prev})
 			}
-			seen[pl.Name] = true
+			seen[pl.Name] = k
 			v.provided[pl.Name] = true
 		}
 	}
+}
+
+// poolLabelAt is an entry of a pool's labels: providers[p].pools[pool].labels[label].
+type poolLabelAt struct{ p, pool, label int }
+
+// dropDuplicates removes the pool labels listed again later in their pool
+// (the later entry wins, as in Nodepool, whose pools keep their labels in
+// a dict). It runs after every check, whose paths count the entries as
+// written.
+func (c *Config) dropDuplicates(dups []poolLabelAt) {
+	slices.SortFunc(dups, func(a, b poolLabelAt) int {
+		return cmp.Or(cmp.Compare(b.p, a.p), cmp.Compare(b.pool, a.pool), cmp.Compare(b.label, a.label))
+	})
+	for _, d := range dups {
+		pool := &c.Providers[d.p].Pools[d.pool]
+		later := pool.Labels[d.label+1:]
+		if k := slices.IndexFunc(later, func(pl PoolLabel) bool { return pl.Name == pool.Labels[d.label].Name }); k >= 0 {
+			// The later entry takes the earlier one's place (a dict's
+			// order is the first insertion's).
+			pool.Labels[d.label] = later[k]
+			pool.Labels = slices.Delete(pool.Labels, d.label+1+k, d.label+2+k)
+		}
+	}
+}
+
+// lineOf is a node's line (0 if there is none).
+func lineOf(n *yaml.Node) int {
+	if n == nil {
+		return 0
+	}
+	return n.Line
 }
 
 // nodeAt finds the node at a path of keys (string) and indexes (int), for

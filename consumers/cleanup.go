@@ -408,12 +408,15 @@ func (c *cleanup) requests(ctx context.Context) {
 		c.orphanPools[ref]++
 	}
 	for _, id := range declined {
-		_, _ = l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
 			if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
 				return kv.ErrSkip
 			}
 			return nil
 		})
+		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+			l.log.Warn("could not fail a request every live pool declined", "request", id, "err", err)
+		}
 	}
 	for _, id := range orphaned {
 		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {

@@ -193,21 +193,6 @@ func (u *usage) add(n *kv.Node, size kv.Resources) {
 	}
 }
 
-// describeNeed prints resources for messages.
-func describeNeed(r kv.Resources) string {
-	parts := []string{fmt.Sprintf("%d servers", r.Instances)}
-	if r.Cores > 0 {
-		parts = append(parts, fmt.Sprintf("%d cores", r.Cores))
-	}
-	if r.RAM > 0 {
-		parts = append(parts, fmt.Sprintf("%d MB RAM", r.RAM))
-	}
-	for _, k := range slices.Sorted(maps.Keys(r.Other)) {
-		parts = append(parts, fmt.Sprintf("%d %s", r.Other[k], k))
-	}
-	return strings.Join(parts, ", ")
-}
-
 // cloudQuota is the provider's quota as the cloud last reported it, and
 // what instances that are not this provider's hold.
 type cloudQuota struct {

@@ -3,7 +3,6 @@ package consumers
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -229,7 +228,3 @@ func (l *Launcher) stopRunners() {
 	l.reloadMu.Unlock()
 	l.runnersWG.Wait()
 }
-
-// errNoProvider: the provider is not in this process's configuration (any
-// more).
-var errNoProvider = errors.New("provider not in this launcher's configuration")

@@ -181,7 +181,8 @@ type Step struct {
 
 // StateMachine creates or deletes one instance, one step per Advance. Its
 // progress (State) is stored in the node record after every step, so another
-// process can resume it with the driver's ResumeCreate/ResumeDelete.
+// process can resume it: Provider.Create and Provider.Delete take that
+// state back and return a machine that carries on from it.
 type StateMachine interface {
 	Advance(ctx context.Context) (Step, error)
 	// State is the machine's progress, to store in the node's driver_data.

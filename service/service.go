@@ -81,6 +81,9 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			return nil, err
 		}
 	}
+	if err := cfg.Runnable(); err != nil {
+		return nil, err
+	}
 	p := &Process{Settings: s, Log: log}
 	p.cfg.Store(cfg)
 	sd, err := metrics.StatsdFromEnv(nil, log)
@@ -276,6 +279,9 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 	case "openstack":
 		return openstack.New(ctx, pc, log)
 	}
+	if !config.DriverAvailable(pc.Driver) {
+		return nil, errors.New(config.UnavailableMessage(pc))
+	}
 	return nil, fmt.Errorf("provider %s: driver %q is not available", pc.Name, pc.Driver)
 }
 
@@ -310,6 +316,9 @@ func (p *Process) Config() *config.Config { return p.cfg.Load() }
 // diskimages. If a driver cannot be made, nothing changes and the error
 // says why.
 func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
+	if err := cfg.Runnable(); err != nil {
+		return err
+	}
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	old := p.Config()

@@ -30,9 +30,12 @@ func (a *app) configValidateCmd() *cobra.Command {
 		Short: "Check a nodepool.yaml; exits non-zero and names every problem",
 		Long: `Check a nodepool.yaml (FILE, or -c/NODEPOOL_CONFIG) and the secure file
 (-s/NODEPOOL_SECURE) merged over it. Every error is printed with its file,
-line and key path, and the command exits 1; warnings (what Nodepool
-accepts but is likely a mistake, such as a label no pool of the file
-provides) are printed with "warning:" and do not fail.`,
+line and key path, and the command exits 1; a file that looks written for
+Nodepool before 3.0 is told so first. Warnings (what Nodepool accepts but
+is likely a mistake, or what a cloud will refuse when a label is launched)
+are printed with "warning:" and do not fail. A valid file naming a
+provider whose driver this build reads but cannot run yet (kubernetes) is
+said so and exits 2: "nodepool run" refuses it.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := a.settings.Config
@@ -52,6 +55,12 @@ provides) are printed with "warning:" and do not fail.`,
 				pools += len(p.Pools)
 			}
 			fmt.Fprintf(a.out, "%s is valid: %d labels, %d providers, %d pools\n", path, len(cfg.Labels), len(cfg.Providers), pools)
+			if un := cfg.Unavailable(); len(un) > 0 {
+				for _, p := range un {
+					fmt.Fprintf(a.err, "%s: %s; nodepool run refuses this file until the provider is removed from it\n", path, config.UnavailableMessage(p))
+				}
+				return exitError{code: 2}
+			}
 			return nil
 		},
 	}

@@ -287,17 +287,6 @@ func (a *auditor) report() (violations []string, summary string) {
 	return append([]string(nil), a.violations...), summary
 }
 
-// failedRequests returns the reasons of the requests seen failing.
-func (a *auditor) failedRequests() map[string]string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := map[string]string{}
-	for k, v := range a.failed {
-		out[k] = v
-	}
-	return out
-}
-
 // instancesCreated is how many instances the auditor saw created.
 func (a *auditor) instancesCreated() int {
 	a.mu.Lock()

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,9 +177,6 @@ func (r *requestor) run(ctx context.Context, id string, labels []string, prio in
 	}
 	return o
 }
-
-// quietLog is a logger that drops everything.
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // leakedInstance applies cleanup's rule: an instance of ours that its
 // node record does not account for.

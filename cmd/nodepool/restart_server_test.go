@@ -112,7 +112,7 @@ func TestServerRestartUnderLaunchers(t *testing.T) {
 	// More requests while the server is down: the client tries again
 	// until it is back.
 	submit(24, 10, 0)
-	srv = natstest.StartAt(t, store, port)
+	natstest.StartAt(t, store, port) // stopped by the test's cleanup
 	t.Log("nats-server restarted on its store")
 
 	wg.Wait()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -107,8 +106,6 @@ func mustAdvance(t *testing.T, sm drivers.StateMachine) *drivers.Instance {
 }
 
 func isKind(err, kind error) bool { return errors.Is(err, kind) }
-
-func contains2(s, sub string) bool { return strings.Contains(s, sub) }
 
 func mustConfig(t testing.TB, yaml string) *config.Provider {
 	cfg, err := config.Parse("nodepool.yaml", []byte(yaml))

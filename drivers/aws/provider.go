@@ -263,5 +263,3 @@ func (p *Provider) labelTypes() []string {
 	}
 	return out
 }
-
-func (p *Provider) now() time.Time { return time.Now() }

@@ -37,7 +37,7 @@ type ebsTag struct {
 func ebsTags(m map[string]string) []ebsTag {
 	out := []ebsTag{}
 	for _, t := range tagSet(m) {
-		out = append(out, ebsTag{Key: t.Key, Value: t.Value})
+		out = append(out, ebsTag(t))
 	}
 	return out
 }

@@ -183,7 +183,7 @@ func (c *Cloud) createVolume(w http.ResponseWriter, r *http.Request, now time.Ti
 	if req.ImageRef != "" {
 		img, ok := c.st.images[req.ImageRef]
 		if !ok || img.status != "active" {
-			novaError(w, http.StatusBadRequest, fmt.Sprintf("Invalid image identifier or unable to access requested image. (HTTP 400)"))
+			novaError(w, http.StatusBadRequest, "Invalid image identifier or unable to access requested image. (HTTP 400)")
 			return
 		}
 	}

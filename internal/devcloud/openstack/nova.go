@@ -73,8 +73,6 @@ func (c *Cloud) computeVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"version": c.computeVersionJSON(r)})
 }
 
-type mvKey struct{}
-
 // microversioned reads the microversion a call asks for (2.1 when it
 // names none), refuses one out of range with 406, and says in the
 // response which one served it.

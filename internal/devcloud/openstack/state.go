@@ -242,29 +242,6 @@ func (st *state) mac() string {
 	return fmt.Sprintf("fa:16:3e:%02x:%02x:%02x", st.rng.IntN(256), st.rng.IntN(256), st.rng.IntN(256))
 }
 
-// network finds a network by id or name.
-func (st *state) network(ref string) *network {
-	if n, ok := st.networks[ref]; ok {
-		return n
-	}
-	for _, n := range st.networks {
-		if n.name == ref {
-			return n
-		}
-	}
-	return nil
-}
-
-// externalNetwork is the network floating IPs come from.
-func (st *state) externalNetwork() *network {
-	for _, n := range st.networks {
-		if n.external {
-			return n
-		}
-	}
-	return nil
-}
-
 // tombstoneTTL is how long deleted servers stay visible to changes-since.
 const tombstoneTTL = 10 * time.Minute
 
