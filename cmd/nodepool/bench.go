@@ -65,11 +65,20 @@ Scenarios:
 			if err != nil {
 				return err
 			}
+			keep := func() {}
 			if workDir == "" {
 				if workDir, err = os.MkdirTemp("", "nodepool-bench-"); err != nil {
 					return err
 				}
-				defer os.RemoveAll(workDir)
+				// A temporary folder goes once every run passed; a failed
+				// run's logs stay where the error says.
+				kept := false
+				defer func() {
+					if !kept {
+						os.RemoveAll(workDir)
+					}
+				}()
+				keep = func() { kept = true }
 			}
 			var all []bench.Result
 			for i := range runs {
@@ -82,6 +91,7 @@ Scenarios:
 					Cloud: cloud, DevCloud: devcloudBinary(binary, devcloud)}, n)
 				all = append(all, rs...)
 				if err != nil {
+					keep()
 					return fmt.Errorf("run %d: %w (launcher logs in %s)", i+1, err, dir)
 				}
 			}
