@@ -24,10 +24,11 @@ func TestNoSimulatorInProduct(t *testing.T) {
 	}
 }
 
-// `nodepool dev-cloud` says where the dev clouds went.
+// `nodepool dev-cloud` says where the dev clouds went. (The flags would
+// have ended the old command at once too: --page-size 0 is refused.)
 func TestDevCloudMoved(t *testing.T) {
 	t.Parallel()
-	_, errOut, code := nodepool(t, nil, "dev-cloud", "aws", "--listen", "127.0.0.1:0")
+	_, errOut, code := nodepool(t, nil, "dev-cloud", "aws", "--listen", "127.0.0.1:0", "--page-size", "0")
 	if code != 1 || !strings.Contains(errOut, "run nodepool-devcloud with the same arguments") {
 		t.Errorf("nodepool dev-cloud: exit %d, %q", code, errOut)
 	}
