@@ -169,14 +169,26 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.Key
 		if gerr != nil {
 			return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, gerr)
 		}
+		// The server refuses a create whose settings differ from the
+		// stream's in anything, the consumer limits this process sets
+		// afterwards (see limits) included: only a difference in what
+		// was asked for here is worth a warning.
 		attrs := []any{"bucket", cfg.Bucket, "want_ttl", cfg.TTL, "want_history", cfg.History, "want_replicas", cfg.Replicas}
+		var differ []string
 		if st, serr := existing.Status(ctx); serr == nil {
 			if bst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 				have := bst.Config()
 				attrs = append(attrs, "have_ttl", have.TTL, "have_history", have.History, "have_replicas", have.Replicas)
+				differ = bucketDiffers(cfg, have)
 			}
+		} else {
+			differ = []string{"unknown: " + serr.Error()}
 		}
-		log.Warn("bucket exists with other settings; using it as it is", attrs...)
+		if len(differ) > 0 {
+			log.Warn("bucket exists with other settings; using it as it is", append(attrs, "differs", differ)...)
+		} else {
+			log.Debug("bucket exists", "bucket", cfg.Bucket)
+		}
 	case err != nil:
 		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
 	}
@@ -232,4 +244,22 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 		return nil, err
 	}
 	return &bs, nil
+}
+
+// bucketDiffers names the settings of want that have differs from.
+func bucketDiffers(want, have jetstream.KeyValueConfig) []string {
+	var out []string
+	add := func(differs bool, name string) {
+		if differs {
+			out = append(out, name)
+		}
+	}
+	add(want.TTL != have.TTL, "ttl")
+	add(max(want.History, 1) != max(have.History, 1), "history")
+	add(max(want.Replicas, 1) != max(have.Replicas, 1), "replicas")
+	add(want.Storage != have.Storage, "storage")
+	add(want.MaxBytes > 0 && want.MaxBytes != have.MaxBytes, "max_bytes")
+	add(want.MaxValueSize > 0 && want.MaxValueSize != have.MaxValueSize, "max_value_size")
+	add(want.LimitMarkerTTL != have.LimitMarkerTTL, "limit_marker_ttl")
+	return out
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -21,6 +23,7 @@ func (a *app) benchCmd() *cobra.Command {
 		workDir     string
 		printConfig bool
 		cloud       bench.CloudOptions
+		devcloud    string
 	)
 	var names []string
 	for _, s := range bench.Scenarios() {
@@ -62,11 +65,20 @@ Scenarios:
 			if err != nil {
 				return err
 			}
+			keep := func() {}
 			if workDir == "" {
 				if workDir, err = os.MkdirTemp("", "nodepool-bench-"); err != nil {
 					return err
 				}
-				defer os.RemoveAll(workDir)
+				// A temporary folder goes once every run passed; a failed
+				// run's logs stay where the error says.
+				kept := false
+				defer func() {
+					if !kept {
+						os.RemoveAll(workDir)
+					}
+				}()
+				keep = func() { kept = true }
 			}
 			var all []bench.Result
 			for i := range runs {
@@ -75,9 +87,11 @@ Scenarios:
 					return err
 				}
 				fmt.Fprintf(a.err, "run %d of %d: %s, n=%d\n", i+1, runs, sc.Name, n)
-				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(), Cloud: cloud}, n)
+				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(),
+					Cloud: cloud, DevCloud: devcloudBinary(binary, devcloud)}, n)
 				all = append(all, rs...)
 				if err != nil {
+					keep()
 					return fmt.Errorf("run %d: %w (launcher logs in %s)", i+1, err, dir)
 				}
 			}
@@ -96,8 +110,24 @@ Scenarios:
 	f.StringVar(&cloud.Name, "cloud", "", "cloud scenario: the cloud on loopback whose real driver runs (aws, openstack; default openstack)")
 	f.DurationVar(&cloud.Latency, "cloud-latency", 50*time.Millisecond, "cloud scenario: latency of every API call")
 	f.DurationVar(&cloud.Boot, "cloud-boot", 2*time.Second, "cloud scenario: boot time of a server")
+	f.StringVar(&devcloud, "devcloud", "", "cloud scenario: the nodepool-devcloud binary that runs the cloud (default: the one beside this binary, else on PATH)")
 	f.Float64Var(&cloud.RateLimit, "cloud-rate", 100, "cloud scenario: API calls per second of the runs with a rate (the provider's rate key, in the driver's own unit); 0 leaves those runs out")
 	return cmd
+}
+
+// devcloudBinary is the nodepool-devcloud binary the cloud scenario runs:
+// the one named, else the one beside nodepool, else the one on PATH ("":
+// none, which the scenario says when it needs one).
+func devcloudBinary(nodepool, named string) string {
+	if named != "" {
+		return named
+	}
+	beside := filepath.Join(filepath.Dir(nodepool), "nodepool-devcloud")
+	if st, err := os.Stat(beside); err == nil && !st.IsDir() {
+		return beside
+	}
+	path, _ := exec.LookPath("nodepool-devcloud")
+	return path
 }
 
 func scenarioHelp() string {

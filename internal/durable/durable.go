@@ -367,12 +367,23 @@ func (c *Consumer) make(ctx context.Context, repair bool) (jetstream.Consumer, b
 	}
 }
 
-// noted records the ack floor of a consumer just made or opened, and when
-// its stream was made.
+// noted records the ack floor of a consumer just made or opened, when it
+// was made, and when its stream was made.
+//
+// Both come from a consumer info read afterwards, as the watch reads them:
+// the answer of a create-or-update of a consumer that a restarted server
+// loaded from its store gives the time it was loaded as the consumer's
+// creation (nats-server 2.15.2), where every info gives the original one,
+// and the watch would take every consumer as made again by another
+// process after every restart.
 func (c *Consumer) noted(ctx context.Context, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if fresh, err := natsretry.Do(ctx, cons.Info); err == nil {
+		info = fresh
+	}
 	c.mu.Lock()
-	c.ackFloor = cons.CachedInfo().AckFloor.Stream
-	c.madeAt = cons.CachedInfo().Created
+	c.ackFloor = info.AckFloor.Stream
+	c.madeAt = info.Created
 	c.created = time.Time{}
 	c.mu.Unlock()
 	s, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, c.opts.Stream) })

@@ -293,3 +293,39 @@ func TestDeletedAgainAndAgainBacksOff(t *testing.T) {
 	publish(t, js, "after")
 	r.wait(t, "after")
 }
+
+// A consumer that a restarted server loaded from its store is opened as
+// the same consumer: the watch's looks (the first one at most checkEvery
+// later, seen by the ack floor it reads) do not take it for one made
+// again by another process. The answer of the create-or-update after a
+// restart gives the time the server loaded the consumer as its creation,
+// every info the original time: the watch compared the two and said, after
+// every restart, that every consumer was made again.
+func TestConsumerOfARestartedServerIsTheSame(t *testing.T) {
+	dir := t.TempDir()
+	srv := natstest.StartAt(t, dir, -1)
+	nc, js := srv.Connect(t)
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	first := newReceived()
+	c, _ := openConsuming(t, js, true, first)
+	publish(t, js, "before")
+	first.wait(t, "before")
+	c.Stop()
+	nc.Close()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+
+	srv = natstest.StartAt(t, dir, -1)
+	_, js = srv.Connect(t)
+	r := newReceived()
+	_, logs := openConsuming(t, js, true, r)
+	publish(t, js, "after")
+	r.wait(t, "after")
+	// The ack floor moved from 1 to 2: the watch's next look logs it.
+	logs.Wait(t, 3*within, "ack floor read", "ack_floor=2")
+	if got := logs.Lines("made again"); len(got) > 0 {
+		t.Errorf("the consumer the server loaded from its store was taken for one made again: %q", got)
+	}
+}
