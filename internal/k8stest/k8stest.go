@@ -9,7 +9,9 @@
 // Tools); a test that needs them and does not find them fails with that
 // command. A test package shares one stack (Shared), on free ports of
 // 127.0.0.1 and a directory of its own, and each test works in a
-// namespace of its own (Stack.Namespace). Only tests import this package.
+// namespace of its own (Stack.Namespace). Only tests import this package,
+// and nodepool-devcloud, which runs a stack for trying the kubernetes
+// driver by hand.
 package k8stest
 
 import (
