@@ -242,8 +242,9 @@ func TestPodLabel(t *testing.T) {
 		t.Fatalf("instance %+v, credentials %+v", inst, acc)
 	}
 	// Nodepool's quota: cpu as cores, memory as RAM, storage, the gpu
-	// and the extra resources.
-	want := drivers.Resources{Instances: 1, Cores: 1, RAM: 512, Other: map[string]int{ResourceStorage: 100, "example.com/gpu": 1, "example.com/license": 2}}
+	// and the extra resources (the label's over the pool's defaults).
+	want := drivers.Resources{Instances: 1, Cores: 1, RAM: 512,
+		Other: map[string]int{ResourceStorage: 100, "example.com/gpu": 1, "example.com/license": 2, "example.com/widget": 1}}
 	if got, err := p.QuotaForLabel("main", "pod-fedora"); err != nil || !sameResources(got, want) || !sameResources(inst.Resources, want) {
 		t.Errorf("QuotaForLabel = %+v, %v; instance %+v; want %+v", got, err, inst.Resources, want)
 	}
