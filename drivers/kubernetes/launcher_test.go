@@ -414,7 +414,7 @@ func TestMaxServers(t *testing.T) {
 		e, ok := s.reqs.Get(id)
 		return ok && e.Value.State == kv.RequestFulfilled
 	})
-	// The first node's namespace was gone before the second's was made.
+	// The returned node's namespace is gone.
 	if _, err := s.k8s.Client.CoreV1().Namespaces().Get(t.Context(), first[0].ExternalID, metav1.GetOptions{}); err == nil {
 		t.Errorf("namespace %s of the returned node still exists", first[0].ExternalID)
 	}
