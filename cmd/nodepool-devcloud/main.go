@@ -1,6 +1,6 @@
 // Command nodepool-devcloud runs clouds on loopback that speak real cloud
-// APIs (OpenStack, AWS), for trying nodepool's drivers, and for tests and
-// benchmarks, without a cloud. It is a command of its own so that the
+// APIs (OpenStack, AWS), and the tests' Kubernetes cluster, for trying
+// nodepool's drivers, and for tests and benchmarks, without a cloud. It is a command of its own so that the
 // product binary, nodepool, carries no simulator.
 package main
 
@@ -61,7 +61,7 @@ clouds.yaml and cloud name), then runs until SIGINT or SIGTERM.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.logLevel, "log-level", "info", "debug, info, warn or error")
 	pf.StringVar(&a.logFormat, "log-format", "text", "text or json")
-	root.AddCommand(a.openStackCmd(), a.awsCmd())
+	root.AddCommand(a.openStackCmd(), a.awsCmd(), a.kubernetesCmd())
 	return root
 }
 

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/k8stest"
 )
 
 // binary is the nodepool-devcloud command built once for these tests.
@@ -188,6 +190,53 @@ func TestOpenStack(t *testing.T) {
 		t.Errorf("quota show: %v", quota)
 	}
 	c.stop(t)
+}
+
+// `nodepool-devcloud kubernetes` runs the tests' cluster and prints the
+// export of its kubeconfig; kubectl reaches it with that alone and sees
+// its Ready node; SIGTERM stops it and its processes.
+func TestKubernetes(t *testing.T) {
+	t.Parallel()
+	if err := k8stest.Available(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c := start(t, "kubernetes", "--dir", dir)
+	kc := c.exports["KUBECONFIG"]
+	if !strings.HasPrefix(kc, dir) {
+		t.Fatalf("exports: %v", c.exports)
+	}
+	cmd := exec.CommandContext(t.Context(), filepath.Join(k8stest.Tools(), "kubectl"), "get", "nodes", "-o", "json")
+	cmd.Env = append(c.env(t), "KUBERC=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl get nodes: %v", err)
+	}
+	var nodes struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Status   struct {
+				Conditions []struct{ Type, Status string }
+			}
+		}
+	}
+	if err := json.Unmarshal(out, &nodes); err != nil || len(nodes.Items) != 1 || nodes.Items[0].Metadata.Name != "kwok-node-0" {
+		t.Fatalf("nodes: %v %s", err, out)
+	}
+	ready := false
+	for _, c := range nodes.Items[0].Status.Conditions {
+		ready = ready || c.Type == "Ready" && c.Status == "True"
+	}
+	if !ready {
+		t.Errorf("kwok-node-0 is not Ready: %s", out)
+	}
+	c.stop(t)
+	// The API server is gone with it.
+	cmd = exec.CommandContext(t.Context(), filepath.Join(k8stest.Tools(), "kubectl"), "get", "nodes", "--request-timeout=5s")
+	cmd.Env = append(c.env(t), "KUBERC=off")
+	if out, err := cmd.CombinedOutput(); err == nil {
+		t.Errorf("the cluster still answers after SIGTERM: %s", out)
+	}
 }
 
 // Flags it cannot take are refused before it listens, with what was
