@@ -114,6 +114,9 @@ type Options struct {
 	Env []string
 	// Cloud is the cloud scenario's settings.
 	Cloud CloudOptions
+	// DevCloud is the nodepool-devcloud binary the cloud scenario runs
+	// its cloud with.
+	DevCloud string
 }
 
 // startSystem starts n launchers with the scenario's configuration: the

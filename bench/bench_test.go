@@ -35,3 +35,17 @@ func TestSummarize(t *testing.T) {
 		}
 	}
 }
+
+// The line of exports nodepool-devcloud prints is read as a shell would.
+func TestParseExports(t *testing.T) {
+	got := parseExports(`export AWS_ENDPOINT_URL=http://127.0.0.1:4566 OS_CLIENT_CONFIG_FILE='/tmp/my clouds/it'\''s.yaml' OS_CLOUD=devcloud`)
+	want := map[string]string{"AWS_ENDPOINT_URL": "http://127.0.0.1:4566", "OS_CLIENT_CONFIG_FILE": "/tmp/my clouds/it's.yaml", "OS_CLOUD": "devcloud"}
+	if len(got) != len(want) {
+		t.Fatalf("parseExports = %q, want %q", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}

@@ -28,22 +28,23 @@ type CloudTarget struct {
 	// Config is the nodepool.yaml for n requests, with the provider paced
 	// at callsPerSecond (0: no rate), in the driver's own words.
 	Config func(n int, callsPerSecond float64) string
-	// Start runs the cloud with the latency and boot time; env is what
-	// the launchers need to find it.
-	Start func(ctx context.Context, workDir string, latency, boot time.Duration) (CloudRun, error)
+	// Start runs the cloud, a process of nodepool-devcloud (the binary
+	// devcloud), with the latency and boot time; its Env is what the
+	// launchers need to find it.
+	Start func(ctx context.Context, devcloud, workDir string, latency, boot time.Duration) (CloudRun, error)
 }
 
 // CloudRun is a running cloud.
 type CloudRun struct {
 	Env []string
-	// Calls and Refused count the API calls the cloud served and refused
-	// (rate limited) so far.
-	Calls   func() (calls, refused int)
-	Servers func() int
+	// Calls counts the API calls the cloud served and refused (rate
+	// limited) so far.
+	Calls func() (calls, refused int, err error)
+	// Servers counts the servers that are not deleted.
+	Servers func() (int, error)
 	// Times are when each server (by id) was created and became ACTIVE,
-	// by the cloud's clock (nil: the cloud does not say, and the phases
-	// of a launch are not reported).
-	Times func() map[string][2]time.Time
+	// by the cloud's clock (zero before).
+	Times func() (map[string][2]time.Time, error)
 	Stop  func()
 }
 
@@ -117,7 +118,7 @@ func runCloud(ctx context.Context, o Options, n int) ([]Result, error) {
 }
 
 func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOptions, dir string, n int, rate float64, launchers int) (Result, error) {
-	cloud, err := target.Start(ctx, dir, co.Latency, co.Boot)
+	cloud, err := target.Start(ctx, o.DevCloud, dir, co.Latency, co.Boot)
 	if err != nil {
 		return Result{}, err
 	}
@@ -127,14 +128,23 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 	oo.Env = append(slices.Clone(o.Env), cloud.Env...)
 	var res Result
 	err = withSystem(ctx, oo, target.Config(n, rate), launchers, func(s *System) error {
-		calls0, refused0 := cloud.Calls()
+		calls0, refused0, err := cloud.Calls()
+		if err != nil {
+			return err
+		}
 		var phases map[string]float64
-		var err error
 		res, phases, err = cloudBatch(ctx, s, cloud, n)
 		if err != nil {
 			return err
 		}
-		calls, refused := cloud.Calls()
+		calls, refused, err := cloud.Calls()
+		if err != nil {
+			return err
+		}
+		left, err := cloud.Servers()
+		if err != nil {
+			return err
+		}
 		// The floor: a launch waits on the create call, the boot, and the
 		// listing that sees it active.
 		floor := co.Boot + 2*co.Latency
@@ -143,7 +153,7 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 			"refused_429":         float64(refused - refused0),
 			"cloud_floor_ms":      float64(floor) / float64(time.Millisecond),
 			"overhead_p50_ms":     float64(res.Latency.P50-floor) / float64(time.Millisecond),
-			"servers_left":        float64(cloud.Servers()),
+			"servers_left":        float64(left),
 			"makespan_over_floor": res.Makespan.Seconds() / floor.Seconds(),
 		}
 		for k, v := range phases {
@@ -175,9 +185,9 @@ func cloudBatch(ctx context.Context, s *System, cloud CloudRun, n int) (Result, 
 		return Result{}, nil, err
 	}
 	lat, first, last := latencies(t, ids, sent)
-	times := map[string][2]time.Time{}
-	if cloud.Times != nil {
-		times = cloud.Times()
+	times, err := cloud.Times()
+	if err != nil {
+		return Result{}, nil, err
 	}
 	var toRecord, toCreate, boot, toReady, toFulfilled []time.Duration
 	t.mu.Lock()

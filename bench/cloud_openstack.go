@@ -1,16 +1,17 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
-
-	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
 )
 
-// openstackTarget runs the openstack driver against the OpenStack on
-// loopback. Nodes get no floating IP and no host-key scan: what is
+// openstackTarget runs the openstack driver against `nodepool-devcloud
+// openstack`. Nodes get no floating IP and no host-key scan: what is
 // measured is the driver's and the launcher's work against Nova's latency
 // and boot time.
 var openstackTarget = CloudTarget{
@@ -40,36 +41,81 @@ providers:
             flavor-name: m1.tiny
 `, rate, max(5000, n))
 	},
-	Start: func(_ context.Context, workDir string, latency, boot time.Duration) (CloudRun, error) {
-		unlimited := devos.Quota{Instances: -1, Cores: -1, RAM: -1, Volumes: -1, Gigabytes: -1, FloatingIPs: -1}
-		srv, err := devos.Start("127.0.0.1:0", devos.Options{Latency: latency, BootTime: boot, DeleteTime: boot / 4, Quota: &unlimited})
+	Start: func(ctx context.Context, devcloud, workDir string, latency, boot time.Duration) (CloudRun, error) {
+		file := filepath.Join(workDir, "clouds.yaml")
+		args := []string{"openstack", "--listen", "127.0.0.1:0", "--latency", latency.String(), "--boot-time", boot.String(),
+			"--delete-time", (boot / 4).String(), "--clouds-yaml", file, "--cloud-name", "devcloud"}
+		for _, q := range []string{"instances", "cores", "ram", "volumes", "gigabytes", "floating-ips"} {
+			args = append(args, "--quota-"+q+"=-1")
+		}
+		d, err := startDevCloud(ctx, devcloud, workDir, args...)
 		if err != nil {
 			return CloudRun{}, err
 		}
-		file, err := srv.WriteCloudsYAML(filepath.Join(workDir, "clouds.yaml"), "devcloud")
+		url, err := cloudsYAMLBase(file)
 		if err != nil {
-			_ = srv.Close()
+			d.stop()
 			return CloudRun{}, err
+		}
+		type server struct {
+			ID       string     `json:"id"`
+			Created  time.Time  `json:"created"`
+			Launched *time.Time `json:"launched"`
+		}
+		servers := func() ([]server, error) {
+			var out []server
+			return out, getJSON(url+"/_devcloud/servers", &out)
 		}
 		return CloudRun{
 			Env: []string{"OS_CLIENT_CONFIG_FILE=" + file},
-			Calls: func() (int, int) {
-				st := srv.Stats()
+			Calls: func() (int, int, error) {
+				var st struct {
+					Calls       map[string]int `json:"calls"`
+					RateLimited int            `json:"rate_limited"`
+				}
+				if err := getJSON(url+"/_devcloud/stats", &st); err != nil {
+					return 0, 0, err
+				}
 				total := 0
 				for _, c := range st.Calls {
 					total += c
 				}
-				return total, st.RateLimited
+				return total, st.RateLimited, nil
 			},
-			Servers: func() int { return len(srv.Servers()) },
-			Times: func() map[string][2]time.Time {
+			Servers: func() (int, error) {
+				s, err := servers()
+				return len(s), err
+			},
+			Times: func() (map[string][2]time.Time, error) {
+				s, err := servers()
 				out := map[string][2]time.Time{}
-				for _, s := range srv.Servers() {
-					out[s.ID] = [2]time.Time{s.Created, s.Launched}
+				for _, sv := range s {
+					var launched time.Time
+					if sv.Launched != nil {
+						launched = *sv.Launched
+					}
+					out[sv.ID] = [2]time.Time{sv.Created, launched}
 				}
-				return out
+				return out, err
 			},
-			Stop: func() { _ = srv.Close() },
+			Stop: d.stop,
 		}, nil
 	},
+}
+
+// cloudsYAMLBase is the address of the cloud a clouds.yaml written by
+// nodepool-devcloud names (its auth_url less /identity/v3).
+func cloudsYAMLBase(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if _, url, ok := strings.Cut(sc.Text(), "auth_url: "); ok {
+			return strings.TrimSuffix(strings.TrimSpace(url), "/identity/v3"), nil
+		}
+	}
+	return "", fmt.Errorf("%s names no auth_url", path)
 }

@@ -83,7 +83,7 @@ func Scenarios() []Scenario {
 		},
 		{
 			Name: "cloud", DefaultN: 500,
-			Description: "a real driver against its cloud on loopback (--cloud: aws or openstack; 50 ms per API call, 2 s boot): N requests at once with 1 and 3 launchers, without and with a rate limit",
+			Description: "a real driver against its cloud on loopback, run by nodepool-devcloud (--cloud: aws or openstack; 50 ms per API call, 2 s boot): N requests at once with 1 and 3 launchers, without and with a rate limit",
 			Config: func(n int) string {
 				return CloudTargets[defaultCloud()].Config(n, 0)
 			},

@@ -395,8 +395,9 @@ func (p *Pool) Label(name string) (PoolLabel, bool) {
 }
 
 // Unavailable lists the providers whose driver this build reads but cannot
-// run (kubernetes, whose launcher is not built yet): their keys are
-// checked like any other's, and Runnable refuses the file.
+// run (a driver whose keys are known before its launcher is built; none
+// now): their keys are checked like any other's, and Runnable refuses the
+// file.
 func (c *Config) Unavailable() []*Provider {
 	var out []*Provider
 	for i := range c.Providers {

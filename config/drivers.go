@@ -56,9 +56,6 @@ type driverSpec struct {
 // readable only).
 func (s driverSpec) knows() bool { return s.available || s.readable }
 
-// notAvailableYet is why a readable driver cannot run here.
-const notAvailableYet = "is not available in this build yet"
-
 // driverSpecs are Nodepool's drivers; those built into this binary are
 // available.
 var driverSpecs = map[string]driverSpec{
@@ -67,7 +64,7 @@ var driverSpecs = map[string]driverSpec{
 	"metastatic":    {available: true, defaults: metastaticDefaults, validate: validateMetastatic},
 	"openstack":     {available: true, defaults: openstackDefaults, validate: validateOpenStack},
 	"aws":           {available: true, bootTimeout: 180 * time.Second, rate: 2, defaults: awsDefaults, validate: validateAWS},
-	"kubernetes":    {readable: true, missing: notAvailableYet, defaults: kubernetesDefaults, validate: validateKubernetes},
+	"kubernetes":    {available: true, bootTimeout: 300 * time.Second, defaults: kubernetesDefaults, validate: validateKubernetes},
 	"azure":         {missing: "was not carried over from Nodepool"},
 	"gce":           {missing: "was not carried over from Nodepool"},
 	"ibmvpc":        {missing: "was not carried over from Nodepool"},

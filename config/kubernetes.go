@@ -9,10 +9,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The kubernetes driver's keys, as kubernetes.rst gives them. This build
-// reads and checks them, so a file with a kubernetes provider loads and
-// its typos are refused, but it cannot run such a provider yet: see
-// Config.Unavailable.
+// The kubernetes driver's keys, as kubernetes.rst gives them; the driver
+// is drivers/kubernetes.
 
 // Defaults of the kubernetes driver's label keys.
 const (
@@ -169,8 +167,13 @@ func kubernetesDefaults(p *Provider) {
 		if !pool.set["max-ram"] && p.set["max-ram"] {
 			pool.MaxRAM = kp.KubeMaxRAM
 		}
-		if pool.PoolMaxResources == nil && kp.KubeMaxResources != nil {
-			pool.PoolMaxResources = cloneFloats(kp.KubeMaxResources)
+		// As Nodepool: the provider's max-resources, updated by the pool's.
+		if kp.KubeMaxResources != nil {
+			merged := cloneFloats(kp.KubeMaxResources)
+			for k, v := range pool.PoolMaxResources {
+				merged[k] = v
+			}
+			pool.PoolMaxResources = merged
 		}
 		kpool := &pool.KubernetesPool
 		for i := range pool.Labels {
@@ -203,12 +206,24 @@ func kubernetesDefaults(p *Provider) {
 				if !pl.set[r.key] {
 					*r.val = r.def
 				}
+				// As Nodepool: the label's limit, else the pool's
+				// default limit, else the request (the label's or the
+				// pool's default).
 				if !pl.set[r.limitKey] {
-					*r.limit = r.defaultOf
+					*r.limit = *r.val
+					if pool.set["default-label-"+r.limitKey] {
+						*r.limit = r.defaultOf
+					}
 				}
 			}
-			if kl.ExtraResources == nil && kpool.DefaultLabelExtraResources != nil {
-				kl.ExtraResources = cloneFloats(kpool.DefaultLabelExtraResources)
+			// As Nodepool: the pool's default-label-extra-resources,
+			// updated by the label's extra-resources.
+			if kpool.DefaultLabelExtraResources != nil {
+				merged := cloneFloats(kpool.DefaultLabelExtraResources)
+				for k, v := range kl.ExtraResources {
+					merged[k] = v
+				}
+				kl.ExtraResources = merged
 			}
 		}
 	}

@@ -135,16 +135,16 @@ var upstreamFixtures = map[string]upstreamFixture{
 	// which is gp3.
 	"aws/diskimage.yaml": {noWarning: []string{"throughput"}, wants: [][2]string{{"providers[0].pools[0].labels[0].throughput", "200"}}},
 
-	// Kubernetes: read and checked; this build cannot run it yet.
-	"kubernetes.yaml": {unavailable: []string{"kubernetes"}, wants: [][2]string{
+	// Kubernetes.
+	"kubernetes.yaml": {wants: [][2]string{
 		{"providers[0].pools[0].labels[1].image-pull", "IfNotPresent"},
 		{"providers[0].pools[0].labels[1].python-path", "auto"}}},
-	"kubernetes-default-resources.yaml": {unavailable: []string{"kubernetes"},
+	"kubernetes-default-resources.yaml": {
 		warnings: []string{`pod label "pod-default" has no image (nor spec): Kubernetes refuses a container without an image`},
 		wants: [][2]string{
 			{"providers[0].pools[0].labels[0].cpu", "2"}, {"providers[0].pools[0].labels[0].memory", "1024"}, {"providers[0].pools[0].labels[0].storage", "10"},
 			{"providers[0].pools[0].labels[1].cpu", "4"}, {"providers[0].pools[0].labels[2].memory", "2048"}, {"providers[0].pools[0].labels[3].storage", "20"}}},
-	"functional/kubernetes/basic.yaml": {unavailable: []string{"kubernetes"}},
+	"functional/kubernetes/basic.yaml": {},
 
 	// OpenStack (Nodepool's fake driver is its openstack driver with a
 	// simulated cloud: its fixtures are openstack files).

@@ -38,6 +38,10 @@ func (l *Launcher) fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *co
 		n.Hostname = inst.Name
 	}
 	n.Cloud = prov.Cloud
+	if inst.Cloud != "" {
+		n.Cloud = inst.Cloud
+	}
+	n.Kubernetes = inst.Kubernetes
 	n.Region, n.AZ = inst.Region, inst.AZ
 	n.InterfaceIP, n.PublicIPv4, n.PrivateIPv4, n.PublicIPv6 = inst.InterfaceIP, inst.PublicIPv4, inst.PrivateIPv4, inst.PublicIPv6
 	if inst.HostKeys != nil {
@@ -77,8 +81,13 @@ func (l *Launcher) fillFromInstance(n *kv.Node, inst *drivers.Instance, prov *co
 }
 
 func defaultPort(connectionType string) int {
-	if connectionType == "winrm" {
+	switch connectionType {
+	case "winrm":
 		return defaultWinRMPort
+	case "namespace", "kubectl":
+		// A kubernetes node is reached through the API server, which
+		// its record's kubernetes names: no port.
+		return 0
 	}
 	return defaultSSHPort
 }

@@ -127,17 +127,23 @@ func (d *drainer) rememberSoon() {
 }
 
 // keepRemembered records the sections of the configuration in force at
-// start and after each reload, trying again until it succeeds.
+// start and after each reload, trying again until it succeeds; and looks
+// again every ten sync intervals, in case a record went missing (the
+// bucket deleted and made again, an operator's erase of a provider this
+// process still has): a section that is as recorded is not written.
 func (d *drainer) keepRemembered(ctx context.Context) {
 	if d.records == nil {
 		return
 	}
 	d.rememberSoon()
+	tick := time.NewTicker(10 * d.l.opts.SyncInterval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-d.remember:
+		case <-tick.C:
 		}
 		for failures := 0; ; failures++ {
 			err := d.rememberAll(ctx)

@@ -34,7 +34,7 @@ func (t *drainTerm) cloudPass(ctx, deleteCtx context.Context, provider string, s
 	}
 	drv, err := t.d.ensureDriver(ctx, &rec.Value)
 	if err != nil {
-		t.problem(ctx, provider, err.Error())
+		t.problem(ctx, provider, err.Error(), false)
 		return
 	}
 	done, ok := drivers.Use(drv)
@@ -62,7 +62,7 @@ func (t *drainTerm) cloudPass(ctx, deleteCtx context.Context, provider string, s
 	}
 	if err := errors.Join(errs...); err != nil {
 		if ctx.Err() == nil || deleteCtx.Err() == nil {
-			t.problem(ctx, provider, err.Error())
+			t.problem(ctx, provider, err.Error(), false)
 		}
 		return
 	}
@@ -97,7 +97,7 @@ func (t *drainTerm) record(ctx context.Context, provider string) (kv.Entry[kv.Pr
 	})
 	switch {
 	case err == nil:
-		t.l.log.Info("draining a removed provider: no live process has it in its configuration; deleting what is left of it", "provider", provider)
+		t.l.log.Info("draining a removed provider: no live launcher has it in its configuration; deleting what is left of it", "provider", provider)
 		return e, nil
 	case errors.Is(err, kv.ErrSkip):
 		return e, nil
@@ -298,7 +298,7 @@ func (t *drainTerm) nodesOf(provider string) int {
 // provider is forgotten once nothing of it is left in the buckets.
 func (t *drainTerm) abandon(ctx context.Context, provider string, builderHas bool) {
 	l := t.l
-	t.problem(ctx, provider, "no launcher recorded its configuration section, so its driver cannot be made: its records are removed as they are freed, and what they name is left in the cloud")
+	t.problem(ctx, provider, "no launcher recorded its configuration section, so its driver cannot be made: its records are removed as they are freed, and what they name is left in the cloud", true)
 	var nodes []kv.Entry[kv.Node]
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		if e.Value.Provider == provider {
@@ -389,7 +389,10 @@ func (t *drainTerm) forget(ctx context.Context, provider, why string) {
 // starts and every problemLogEvery while it lasts, written in the
 // provider's record when it starts (and, if it changed, at most every
 // problemLogEvery), counted in the gauges.
-func (t *drainTerm) problem(ctx context.Context, provider, text string) {
+//
+// abandoned: nothing can ever drain the provider in the cloud (its
+// records are removed instead); said so in the log.
+func (t *drainTerm) problem(ctx context.Context, provider, text string, abandoned bool) {
 	text = firstLine(text)
 	now := time.Now()
 	t.mu.Lock()
@@ -409,7 +412,12 @@ func (t *drainTerm) problem(ctx context.Context, provider, text string) {
 	t.mu.Unlock()
 	if logIt {
 		what := "cannot drain a removed provider; its drain waits (`nodepool erase` gives it up)"
-		if !started {
+		switch {
+		case abandoned && started:
+			what = "cannot drain a removed provider in the cloud; removing its records as they are freed"
+		case abandoned:
+			what = "still removing the records of a removed provider that cannot be drained in the cloud"
+		case !started:
 			what = "still cannot drain a removed provider"
 		}
 		t.l.log.Warn(what, "provider", provider, "problem", text, "since", since.UTC().Format(time.RFC3339))

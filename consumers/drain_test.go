@@ -672,3 +672,23 @@ func TestRemovedProviderABuilderStillNames(t *testing.T) {
 		return uploads.Len() == 0 && images.Len() == 0 && !recs.Has("gone")
 	})
 }
+
+// A remembered section that goes missing (its bucket deleted and made
+// again, an erase forced on a provider still configured) is recorded
+// again by the launchers that have the provider, without a reload.
+func TestMissingSectionIsRememberedAgain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, fmt.Sprintf(drainProviders, "remember-again", ""))
+	recs, _ := h.watchDrain()
+	h.startLauncher("l1")
+	h.until(10*time.Second, "the section remembered", func() bool { return recs.Has("stay") })
+	e, _ := recs.Get("stay")
+	if err := h.b.Providers.Delete(t.Context(), "stay", e.Revision); err != nil {
+		t.Fatal(err)
+	}
+	h.until(10*time.Second, "the section forgotten", func() bool { return !recs.Has("stay") })
+	h.until(10*time.Second, "the section remembered again", func() bool {
+		r, ok := recs.Get("stay")
+		return ok && r.Value.Launcher == "l1" && len(r.Value.Section) > 0
+	})
+}

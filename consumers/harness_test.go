@@ -51,10 +51,10 @@ type harness struct {
 	// options, if set, changes the options of the launchers started from
 	// now.
 	options func(*consumers.Options)
-	// log, if set, is the log of the launchers started from now.
-	log *slog.Logger
 	// watched are more caches whose changes wake wait (see watchToo).
 	watched []func() (signal <-chan struct{}, drain, stop func())
+	// log, if set, is the log of the launchers started from now.
+	log *slog.Logger
 
 	mu        sync.Mutex
 	launchers []*launcher // started, running or not
@@ -205,7 +205,7 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
 		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
 		NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-			p, err := service.NewProvider(ctx, js, pc, 1, testLog(h.t))
+			p, err := service.NewProvider(ctx, js, pc, 1, h.launcherLog())
 			if err != nil {
 				return nil, err
 			}

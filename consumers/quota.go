@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,32 @@ func poolLimits(p *config.Pool) kv.Resources {
 	r := kv.Resources{Instances: limit(p.MaxServers), Cores: limit(p.MaxCores), RAM: limit(p.MaxRAM)}
 	r.Other = otherLimits(p.AWSPool.MaxResources)
 	r.Other = volumeLimits(r.Other, p.MaxVolumes, p.MaxVolumeGB)
+	return withResourceLimits(r, p.KubernetesPool.PoolMaxResources)
+}
+
+// withResourceLimits adds a kubernetes pool's max-resources to its limits:
+// cores, ram and instances limit those (as in Nodepool, whose quota takes
+// them by name), any other name the resource of that name (what labels'
+// extra-resources, storage and gpu count, see the kubernetes driver). A
+// limit is rounded down to a whole number, as resources count in whole
+// numbers.
+func withResourceLimits(r kv.Resources, m map[string]float64) kv.Resources {
+	for k, f := range m {
+		v := max(int(math.Floor(f)), 0)
+		switch k {
+		case "cores":
+			r.Cores = min(r.Cores, v)
+		case "ram":
+			r.RAM = min(r.RAM, v)
+		case "instances":
+			r.Instances = min(r.Instances, v)
+		default:
+			if r.Other == nil {
+				r.Other = map[string]int{}
+			}
+			r.Other[k] = v
+		}
+	}
 	return r
 }
 

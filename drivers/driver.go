@@ -97,6 +97,12 @@ type Instance struct {
 	// and logs quote.
 	Run    RunState
 	Status string
+	// Cloud, when set, is what the node records as its cloud instead of
+	// the provider's `cloud` (a kubernetes provider's context).
+	Cloud string
+	// Kubernetes is a kubernetes node's namespace and credentials, which
+	// the node record carries.
+	Kubernetes *kv.KubernetesAccess
 }
 
 // RunState is whether an instance runs, as a listing shows it.

@@ -180,20 +180,23 @@ func TestLeaseHasOneHolder(t *testing.T) {
 func TestCloneIsDeep(t *testing.T) {
 	now := time.Now()
 	n := kv.Node{ID: "n", Labels: []string{"a"}, HostKeys: []string{"k"}, Attributes: map[string]string{"x": "y"},
-		DriverData: []byte(`{"a":1}`), UserData: []byte(`{}`), LeaseUntil: &now, HoldExpiration: &now}
+		DriverData: []byte(`{"a":1}`), UserData: []byte(`{}`), LeaseUntil: &now, HoldExpiration: &now,
+		Kubernetes: &kv.KubernetesAccess{Namespace: "ns", Token: "t"}}
 	c := n.Clone()
 	if !reflect.DeepEqual(n, c) {
 		t.Fatalf("clone differs:\n%+v\n%+v", n, c)
 	}
 	c.Labels[0], c.HostKeys[0], c.Attributes["x"], c.DriverData[0] = "b", "l", "z", 'X'
 	*c.LeaseUntil = now.Add(time.Hour)
-	if n.Labels[0] != "a" || n.HostKeys[0] != "k" || n.Attributes["x"] != "y" || n.DriverData[0] != '{' || !n.LeaseUntil.Equal(now) {
+	c.Kubernetes.Token = "other"
+	if n.Labels[0] != "a" || n.HostKeys[0] != "k" || n.Attributes["x"] != "y" || n.DriverData[0] != '{' || !n.LeaseUntil.Equal(now) ||
+		n.Kubernetes.Token != "t" {
 		t.Errorf("changing the clone changed the original: %+v", n)
 	}
 	// Every field of Node is copied: a field added later without Clone
 	// support shows up here through its zero value in the copy.
 	rv := reflect.ValueOf(kv.Node{}).NumField()
-	if rv != 41 {
+	if rv != 42 {
 		t.Errorf("Node has %d fields; check that Clone copies the new ones deeply and update this count", rv)
 	}
 	r := kv.Request{ID: "r", Labels: []string{"a"}, Nodes: []string{"n"}, DeclinedBy: []string{"p"}, RequestorData: []byte(`{}`)}

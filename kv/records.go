@@ -87,6 +87,34 @@ type Node struct {
 	// while the node is handed to Zuul through ZooKeeper (extension,
 	// written by the zookeeper role).
 	ZooKeeperID string `json:"zookeeper_id,omitempty"`
+	// Kubernetes is how a node of the kubernetes driver is reached: its
+	// namespace, the API server and a service account's credentials there
+	// (extension: Nodepool keeps this in connection_port, which is a port
+	// number here; the zookeeper role writes it there for Zuul).
+	Kubernetes *KubernetesAccess `json:"kubernetes,omitempty"`
+}
+
+// KubernetesAccess is a kubernetes node's namespace and the credentials of
+// its service account, with the keys of Nodepool's: what a kubeconfig for
+// the node needs (Zuul writes one from it).
+type KubernetesAccess struct {
+	// Name and Namespace are the node's namespace.
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// Host is the API server's URL, as the launcher reaches it.
+	Host string `json:"host"`
+	// SkipTLS: the launcher does not verify the API server's certificate,
+	// and neither should a consumer (CACert is then empty).
+	SkipTLS bool `json:"skiptls"`
+	// Token is the service account's bearer token, User its name.
+	Token string `json:"token"`
+	User  string `json:"user"`
+	// CACert is the cluster's CA certificate, PEM in base64, as a
+	// kubeconfig's certificate-authority-data takes it.
+	CACert string `json:"ca_crt,omitempty"`
+	// Pod is the pod of a pod label, in Namespace ("" for a namespace
+	// label).
+	Pod string `json:"pod,omitempty"`
 }
 
 // Clone returns a deep copy.
@@ -98,6 +126,10 @@ func (n *Node) Clone() Node {
 	c.DriverData = slices.Clone(n.DriverData)
 	c.UserData = slices.Clone(n.UserData)
 	c.Resources = n.Resources.Clone()
+	if n.Kubernetes != nil {
+		k := *n.Kubernetes
+		c.Kubernetes = &k
+	}
 	if n.LeaseUntil != nil {
 		t := *n.LeaseUntil
 		c.LeaseUntil = &t

@@ -30,6 +30,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/drivers/kubernetes"
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
@@ -285,6 +286,8 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 		return aws.New(ctx, pc, aws.Options{Log: log})
 	case "openstack":
 		return openstack.New(ctx, pc, log)
+	case "kubernetes":
+		return kubernetes.New(pc, kubernetes.Options{Log: log})
 	}
 	if !config.DriverAvailable(pc.Driver) {
 		return nil, errors.New(config.UnavailableMessage(pc))

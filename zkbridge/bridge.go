@@ -375,12 +375,25 @@ func (br *Bridge) nodeChanged(ch kv.Change[kv.Node]) {
 
 // heldLock is the lock of a request this process holds, if it is still
 // valid; an invalid one (its session expired) is forgotten.
+//
+// A lock is forgotten only once its session is gone. While the connection
+// is down too long to trust the session (Conn.Trusted), the lock is not
+// used but kept: once the session is back (a ZooKeeper server's restart
+// within the session timeout), its contender is still there and still
+// this process's, and a process that had forgotten it would take it for
+// another bridge process's and leave the request pending for as long as
+// the session lives.
 func (br *Bridge) heldLock(zkID string) *Lock {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	l := br.held[zkID]
-	if l != nil && !l.Valid() {
+	switch {
+	case l == nil:
+		return nil
+	case l.session != l.c.Session():
 		delete(br.held, zkID)
+		return nil
+	case !l.Valid():
 		return nil
 	}
 	return l

@@ -215,6 +215,29 @@ func (c *Conn) Holder(dir string) (string, bool, error) {
 	return string(data), true, nil
 }
 
+// OwnedLock returns the lock of dir when its holder is a contender of this
+// session (nil when another session holds it, or nobody).
+func (c *Conn) OwnedLock(dir string) (*Lock, error) {
+	session := c.Session()
+	if session == 0 || !c.Trusted() {
+		return nil, zk.ErrNoServer
+	}
+	all, err := c.Contenders(dir)
+	if err != nil || len(all) == 0 {
+		return nil, err
+	}
+	_, stat, err := c.Get(dir + "/" + all[0].Name)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return nil, nil // released meanwhile
+	case err != nil:
+		return nil, err
+	case stat.EphemeralOwner != session:
+		return nil, nil
+	}
+	return &Lock{c: c, dir: dir, node: all[0].Name, session: session}, nil
+}
+
 // createInDir makes an ephemeral sequential child of dir, making dir (but
 // not its parent) if it is missing.
 func (c *Conn) createInDir(dir, prefix string, data []byte) (string, error) {

@@ -231,9 +231,16 @@ func (n *Node) Encode() []byte {
 // NodeRecord is the znode of a NATS node handed to a ZooKeeper request:
 // every key Nodepool writes (Zuul reads them for its inventory), the node
 // ready and allocated to the request, and nats_id naming its record.
+//
+// A kubernetes node's connection_port is its namespace and credentials (its
+// record's kubernetes), as Nodepool's kubernetes driver writes it and
+// Zuul's executor reads it to write the job's kubeconfig.
 func NodeRecord(n *kv.Node, zkRequest, launcher string, now time.Time) []byte {
-	port := n.ConnectionPort
-	if port == 0 {
+	var port any = n.ConnectionPort
+	switch {
+	case n.Kubernetes != nil:
+		port = n.Kubernetes
+	case n.ConnectionPort == 0:
 		port = 22
 	}
 	username := n.Username

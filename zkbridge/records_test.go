@@ -29,6 +29,17 @@ func TestNodeRecord(t *testing.T) {
 				"nats_id": "abc", "cloud": "c", "region": "r", "az": "az1", "external_id": "i-1", "provider": "p", "pool": "main"}},
 		{"defaults", kv.Node{ID: "d", Labels: []string{"x"}},
 			map[string]any{"connection_port": 22.0, "username": "zuul", "python_path": "auto", "host_keys": []any{}, "interface_ip": nil, "tenant_name": nil}},
+		// As Nodepool's kubernetes driver: connection_port is the
+		// namespace and its credentials, which Zuul's executor writes a
+		// kubeconfig from.
+		{"kubernetes pod", kv.Node{ID: "k", Labels: []string{"pod"}, ConnectionType: "kubectl", InterfaceIP: "pod-fedora", Cloud: "admin-ctx",
+			Kubernetes: &kv.KubernetesAccess{Name: "main-k", Namespace: "main-k", Host: "https://10.0.0.1:6443", Token: "tok", User: "zuul-worker",
+				CACert: "LS0t", Pod: "pod-fedora"}},
+			map[string]any{"connection_type": "kubectl", "interface_ip": "pod-fedora", "cloud": "admin-ctx",
+				"connection_port": map[string]any{"name": "main-k", "namespace": "main-k", "host": "https://10.0.0.1:6443", "skiptls": false,
+					"token": "tok", "user": "zuul-worker", "ca_crt": "LS0t", "pod": "pod-fedora"},
+				"ssh_port": map[string]any{"name": "main-k", "namespace": "main-k", "host": "https://10.0.0.1:6443", "skiptls": false,
+					"token": "tok", "user": "zuul-worker", "ca_crt": "LS0t", "pod": "pod-fedora"}}},
 		{"metastatic slot", kv.Node{ID: "m", DriverData: json.RawMessage(`{"step": "allocated", "backing_node": "b", "slot": 3}`)},
 			map[string]any{"slot": 3.0}},
 	} {

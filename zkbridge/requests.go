@@ -177,7 +177,17 @@ func (br *Bridge) pendingElsewhere(ctx context.Context, zkID string, nr kv.Entry
 	}
 	switch {
 	case locked && strings.HasPrefix(holder, LockIdentifierPrefix):
-		return nil // another bridge process serves it
+		// Another bridge process serves it, unless the contender is this
+		// session's: a lock this process took and lost track of (an
+		// answer lost with the connection). It is this process's to go
+		// on with.
+		l, err := br.conn.OwnedLock(RequestLocksPath + "/" + zkID)
+		if err != nil || l == nil {
+			return err
+		}
+		br.log.Info("a request lock of this session was found; serving the request under it", "request", zkID)
+		br.hold(zkID, l)
+		return br.pending(ctx, zkID, nr, haveNR)
 	case locked:
 		if haveNR {
 			return br.withdraw(ctx, zkID, "another launcher locked it", &nr)

@@ -63,3 +63,44 @@ func TestBridgeSessionExpiry(t *testing.T) {
 		return !ok && z.Node(nodes[0]) == nil
 	})
 }
+
+// A request lock survives a disconnection its session survives: while the
+// connection is down for longer than the bridge trusts its session (two
+// thirds of the timeout) the lock is not used, and once the connection is
+// back with the same session it is the bridge's again. The bridge dropped
+// it while it could not trust it; its contender, still in ZooKeeper and
+// still its session's, was then taken for another bridge process's, and
+// the request stayed pending for as long as the session lived (seen in
+// TestZuulKillBridgesAndZooKeeper after a ZooKeeper restart). A lock whose
+// contender is this session's is found again by OwnedLock; another
+// session's is not.
+func TestRequestLockKeptAcrossADisconnection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	c := newZuulClient(t, e).c
+	other := newZuulClient(t, e).c
+	const dir = zkbridge.RequestLocksPath + "/200-0000000001"
+	l, err := c.TryLock(dir, zkbridge.LockIdentifierPrefix+"test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := zkbridge.NewLockKeeperForTest(c)
+	k.Hold("200-0000000001", l)
+
+	c.LoseTrustForTest(c.TimeoutForTest())
+	if got := k.Held("200-0000000001"); got != nil {
+		t.Fatal("a lock was used while its session could not be trusted")
+	}
+	c.RegainForTest()
+	if got := k.Held("200-0000000001"); got != l {
+		t.Fatalf("after the connection came back with the same session, the lock held is %v, want the one taken", got)
+	}
+
+	owned, err := c.OwnedLock(dir)
+	if err != nil || owned == nil || owned.Node() != l.Node() {
+		t.Fatalf("OwnedLock of this session's contender: %v %v, want %s", owned, err, l.Node())
+	}
+	if owned, err := other.OwnedLock(dir); err != nil || owned != nil {
+		t.Fatalf("OwnedLock from another session: %v %v, want none", owned, err)
+	}
+}

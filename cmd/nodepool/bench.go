@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -21,6 +23,7 @@ func (a *app) benchCmd() *cobra.Command {
 		workDir     string
 		printConfig bool
 		cloud       bench.CloudOptions
+		devcloud    string
 	)
 	var names []string
 	for _, s := range bench.Scenarios() {
@@ -84,7 +87,8 @@ Scenarios:
 					return err
 				}
 				fmt.Fprintf(a.err, "run %d of %d: %s, n=%d\n", i+1, runs, sc.Name, n)
-				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(), Cloud: cloud}, n)
+				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(),
+					Cloud: cloud, DevCloud: devcloudBinary(binary, devcloud)}, n)
 				all = append(all, rs...)
 				if err != nil {
 					keep()
@@ -106,8 +110,24 @@ Scenarios:
 	f.StringVar(&cloud.Name, "cloud", "", "cloud scenario: the cloud on loopback whose real driver runs (aws, openstack; default openstack)")
 	f.DurationVar(&cloud.Latency, "cloud-latency", 50*time.Millisecond, "cloud scenario: latency of every API call")
 	f.DurationVar(&cloud.Boot, "cloud-boot", 2*time.Second, "cloud scenario: boot time of a server")
+	f.StringVar(&devcloud, "devcloud", "", "cloud scenario: the nodepool-devcloud binary that runs the cloud (default: the one beside this binary, else on PATH)")
 	f.Float64Var(&cloud.RateLimit, "cloud-rate", 100, "cloud scenario: API calls per second of the runs with a rate (the provider's rate key, in the driver's own unit); 0 leaves those runs out")
 	return cmd
+}
+
+// devcloudBinary is the nodepool-devcloud binary the cloud scenario runs:
+// the one named, else the one beside nodepool, else the one on PATH ("":
+// none, which the scenario says when it needs one).
+func devcloudBinary(nodepool, named string) string {
+	if named != "" {
+		return named
+	}
+	beside := filepath.Join(filepath.Dir(nodepool), "nodepool-devcloud")
+	if st, err := os.Stat(beside); err == nil && !st.IsDir() {
+		return beside
+	}
+	path, _ := exec.LookPath("nodepool-devcloud")
+	return path
 }
 
 func scenarioHelp() string {

@@ -24,10 +24,18 @@ func TestBenchScenarios(t *testing.T) {
 		{"scale", "300", 1, nil},
 		{"scaleout", "20", 2, nil},
 		{"cloud", "10", 2, []string{"--cloud", "aws", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
+		{"cloud", "10", 2, []string{"--cloud", "openstack", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
 	}
 	for _, c := range cases {
-		t.Run(c.scenario, func(t *testing.T) {
+		name := c.scenario
+		if len(c.args) > 1 && c.args[0] == "--cloud" {
+			name += "-" + c.args[1]
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			if c.scenario == "cloud" {
+				buildDevCloud(t)
+			}
 			out, errOut, code := nodepool(t, nil, append([]string{"bench", c.scenario, "--n", c.n, "--json", "--work-dir", t.TempDir()}, c.args...)...)
 			if code != 0 {
 				t.Fatalf("bench %s: exit %d\n%s", c.scenario, code, errOut)
@@ -49,6 +57,11 @@ func TestBenchScenarios(t *testing.T) {
 				}
 				if strings.HasPrefix(r.Scenario, "scale,") && (r.Extra["list_seconds"] <= 0 || r.Extra["restart_seconds"] <= 0 || r.Extra["list_lines"] < 300) {
 					t.Errorf("scale extras: %+v", r.Extra)
+				}
+				// What the cloud, a process of nodepool-devcloud, counted and
+				// timed.
+				if strings.HasPrefix(r.Scenario, "cloud ") && (r.Extra["api_calls_per_node"] <= 0 || r.Extra["boot_p50_ms"] < 200) {
+					t.Errorf("cloud extras: %+v", r.Extra)
 				}
 			}
 		})

@@ -1,20 +1,20 @@
 package main
 
 import (
+	"errors"
+
 	"github.com/spf13/cobra"
 )
 
-// devCloudCmd is the parent of the clouds on loopback: each speaks a
-// cloud's real API so that the real driver can be watched at work without
-// a cloud.
-func (a *app) devCloudCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "dev-cloud",
-		Short: "Run a cloud on loopback that speaks a real cloud API (for trying the drivers without a cloud)",
-		Long: `Run a cloud on loopback that speaks a real cloud's API faithfully
-enough for its real clients: the driver's SDK, and the cloud's own CLI.
-Its state lives in memory until it stops.`,
+// movedDevCloudCmd answers `nodepool dev-cloud ...`, which is a command
+// of its own now: the product binary carries no simulator.
+func movedDevCloudCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "dev-cloud",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(*cobra.Command, []string) error {
+			return errors.New("the dev clouds are a command of their own: run nodepool-devcloud with the same arguments (nodepool-devcloud openstack ..., nodepool-devcloud aws ...); build it with `go build ./cmd/nodepool-devcloud`")
+		},
 	}
-	cmd.AddCommand(a.devCloudOpenStackCmd(), a.devCloudAWSCmd())
-	return cmd
 }

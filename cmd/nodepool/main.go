@@ -102,7 +102,7 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 
 	root.AddCommand(a.runCmd(), a.configValidateCmd(), a.requestCmd(), a.listCmd(), a.requestListCmd(), a.requestDeleteCmd(),
 		a.labelListCmd(), a.returnCmd(), a.holdCmd(), a.deleteCmd(), a.infoCmd(), a.eraseCmd(),
-		a.exportImageDataCmd(), a.importImageDataCmd(), a.benchCmd(), a.devCloudCmd())
+		a.exportImageDataCmd(), a.importImageDataCmd(), a.benchCmd(), movedDevCloudCmd())
 	root.AddCommand(a.imageCmds()...)
 	return root
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
@@ -350,38 +349,7 @@ func (m *createMachine) configDrive(pl *config.PoolLabel) *bool {
 
 // requestField gives dynamic-instance-properties the request's fields.
 func (m *createMachine) requestField(field, key string) (string, bool) {
-	r := m.req.Request
-	if r == nil {
-		return "", true
-	}
-	switch field {
-	case "id":
-		return r.ID, true
-	case "labels":
-		quoted := make([]string, len(r.Labels))
-		for i, l := range r.Labels {
-			quoted[i] = "'" + l + "'"
-		}
-		return "[" + strings.Join(quoted, ", ") + "]", true
-	case "requestor":
-		return r.Requestor, true
-	case "requestor_data":
-		if key != "" {
-			v, ok := r.RequestorData[key]
-			return v, ok
-		}
-		data, _ := json.Marshal(r.RequestorData)
-		return string(data), true
-	case "relative_priority":
-		return strconv.Itoa(r.RelativePriority), true
-	case "event_id":
-		return r.EventID, true
-	case "created_time":
-		return strconv.FormatFloat(float64(r.Created.UnixNano())/1e9, 'f', 6, 64), true
-	case "tenant_name":
-		return r.Tenant, true
-	}
-	return "", false
+	return m.req.Request.Field(field, key)
 }
 
 // boot waits for the server to leave BUILD. A server that went to ERROR

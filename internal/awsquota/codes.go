@@ -1,8 +1,9 @@
-// Package awsquota knows how EC2 counts instances against Service Quotas:
-// running instances are limited in vCPUs per instance family, each family
-// group with a quota code of its own (L-1216C47A for the standard families,
-// L-34B43A08 for their spot instances, ...). The AWS driver and the AWS dev
-// cloud both need this table.
+// Package awsquota knows how AWS counts machines against Service Quotas:
+// EC2's running instances are limited in vCPUs per instance family, each
+// family group with a quota code of its own (L-1216C47A for the standard
+// families, L-34B43A08 for their spot instances, ...), and EBS volumes in
+// storage (TiB) and provisioned IOPS per volume type. The AWS driver and
+// the AWS dev cloud both need these tables.
 package awsquota
 
 import "strings"
@@ -100,6 +101,29 @@ func Code(instanceType string, spot bool) string {
 		return codes[1]
 	}
 	return codes[0]
+}
+
+// EBSServiceCode is the Service Quotas service code of EBS.
+const EBSServiceCode = "ebs"
+
+// VolumeQuota names the EBS quotas the volumes of one type count against,
+// all volumes of the type in the region together: their size, in TiB, and
+// (for provisioned IOPS types) their IOPS. Nodepool's aws driver reads
+// them for labels with a volume-type.
+type VolumeQuota struct {
+	Storage, StorageName string
+	IOPS, IOPSName       string // "" for types without provisioned IOPS
+}
+
+// VolumeQuotas are EBS's quotas by volume type.
+var VolumeQuotas = map[string]VolumeQuota{
+	"gp2":      {"L-D18FCD1D", "Storage for General Purpose SSD (gp2) volumes, in TiB", "", ""},
+	"gp3":      {"L-7A658B76", "Storage for General Purpose SSD (gp3) volumes, in TiB", "", ""},
+	"io1":      {"L-FD252861", "Storage for Provisioned IOPS SSD (io1) volumes, in TiB", "L-B3A130E6", "IOPS for Provisioned IOPS SSD (io1) volumes"},
+	"io2":      {"L-09BD8365", "Storage for Provisioned IOPS SSD (io2) volumes, in TiB", "L-8D977E7E", "IOPS for Provisioned IOPS SSD (io2) volumes"},
+	"st1":      {"L-82ACEF56", "Storage for Throughput Optimized HDD (st1) volumes, in TiB", "", ""},
+	"sc1":      {"L-17AF77E8", "Storage for Cold HDD (sc1) volumes, in TiB", "", ""},
+	"standard": {"L-9CF3C2EB", "Storage for Magnetic (standard) volumes, in TiB", "", ""},
 }
 
 // Lookup returns the quota of a code.

@@ -36,3 +36,33 @@ func TestCode(t *testing.T) {
 		}
 	}
 }
+
+// Every volume type EBS has is in the table, each quota code once.
+func TestVolumeQuotas(t *testing.T) {
+	seen := map[string]string{}
+	for _, typ := range []string{"gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"} {
+		q, ok := VolumeQuotas[typ]
+		if !ok || q.Storage == "" || q.StorageName == "" {
+			t.Errorf("%s: %+v", typ, q)
+			continue
+		}
+		if (q.IOPS != "") != (typ == "io1" || typ == "io2") || (q.IOPS == "") != (q.IOPSName == "") {
+			t.Errorf("%s: IOPS quota %q %q", typ, q.IOPS, q.IOPSName)
+		}
+		for _, c := range []string{q.Storage, q.IOPS} {
+			if c == "" {
+				continue
+			}
+			if other, dup := seen[c]; dup {
+				t.Errorf("%s is the code of %s and %s", c, other, typ)
+			}
+			if _, ec2 := Lookup(c); ec2 {
+				t.Errorf("%s is an EC2 code too", c)
+			}
+			seen[c] = typ
+		}
+	}
+	if len(VolumeQuotas) != 7 {
+		t.Errorf("%d volume types", len(VolumeQuotas))
+	}
+}

@@ -373,7 +373,7 @@ func (c *Consumer) make(ctx context.Context, repair bool) (jetstream.Consumer, b
 // Both come from a consumer info read afterwards, as the watch reads them:
 // the answer of a create-or-update of a consumer that a restarted server
 // loaded from its store gives the time it was loaded as the consumer's
-// creation (nats-server 2.12), where every info gives the original one,
+// creation (nats-server 2.15.2), where every info gives the original one,
 // and the watch would take every consumer as made again by another
 // process after every restart.
 func (c *Consumer) noted(ctx context.Context, cons jetstream.Consumer) {

@@ -7,12 +7,13 @@ import (
 )
 
 // serveAdmin is the dev cloud's own API (not AWS's), for operators and
-// scripts driving a cloud started by `nodepool dev-cloud aws`:
+// scripts driving a cloud started by `nodepool-devcloud aws`:
 //
 //	GET  /_devcloud/knobs               the knobs as JSON
 //	PUT  /_devcloud/knobs               change knobs (fields given replace theirs)
 //	POST /_devcloud/interrupt           {"instance_id": "i-...", "kind": "notice|terminate|rebalance"}
 //	GET  /_devcloud/calls               calls received per action
+//	GET  /_devcloud/instances           the instances not terminated, oldest first, with their times
 func (c *Cloud) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	fail := func(status int, msg string) {
@@ -62,6 +63,8 @@ func (c *Cloud) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]string{"instance_id": in.InstanceID, "kind": in.Kind})
 	case r.URL.Path == "/_devcloud/calls" && r.Method == http.MethodGet:
 		_ = json.NewEncoder(w).Encode(c.Calls())
+	case r.URL.Path == "/_devcloud/instances" && r.Method == http.MethodGet:
+		_ = json.NewEncoder(w).Encode(c.Instances())
 	default:
 		fail(http.StatusNotFound, "no such dev cloud endpoint: "+r.Method+" "+r.URL.Path)
 	}

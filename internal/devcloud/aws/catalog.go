@@ -51,6 +51,27 @@ func DefaultQuotas() map[string]float64 {
 	return q
 }
 
+// hostQuotas are EC2's quotas of running dedicated hosts for the families
+// of DefaultInstanceTypes, with AWS's values (Nodepool's aws driver reads
+// them for dedicated-host labels); they are reported, not enforced.
+var hostQuotas = []struct {
+	family, code string
+	value        float64
+}{
+	{"c5", "L-81657574", 2}, {"c6i", "L-5FA3355A", 2}, {"g4dn", "L-CAE24619", 0}, {"inf", "L-5480EFD2", 2},
+	{"m5", "L-8B7BF662", 2}, {"m6g", "L-D50A37FA", 2}, {"m6i", "L-D269BEFD", 2}, {"p3", "L-A0A19F79", 0},
+	{"r5", "L-EA4FD6CF", 2}, {"t3", "L-1586174D", 2}, {"u-6tb1", "L-89870E8E", 1}, {"x1e", "L-DEF8E115", 1},
+}
+
+// ebsStorageTiB and ebsIOPS are AWS's default EBS quotas per volume type
+// (awsquota.VolumeQuotas names them): the storage of all volumes of the
+// type, in TiB, and their provisioned IOPS. They are reported, not
+// enforced.
+var (
+	ebsStorageTiB = map[string]float64{"gp2": 50, "gp3": 50, "io1": 50, "io2": 20, "st1": 50, "sc1": 50, "standard": 50}
+	ebsIOPS       = map[string]float64{"io1": 300000, "io2": 100000}
+)
+
 // SeedImage is an AMI the cloud has from the start (a public image, such
 // as the Debian project publishes).
 type SeedImage struct {

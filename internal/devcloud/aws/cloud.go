@@ -5,7 +5,8 @@
 // snapshots, volumes, spot requests, fleets, dedicated hosts, import tasks)
 // and has knobs for what a real cloud does to its clients: API latency,
 // boot time, capacity errors per instance type, quotas, throttling and spot
-// interruptions. Tests, benchmarks and `nodepool dev-cloud aws` use it.
+// interruptions. Tests and `nodepool-devcloud aws` (which benchmarks run)
+// use it.
 //
 // Requests are told apart by the service in their SigV4 signature's scope
 // (ec2, servicequotas, ebs, s3), as an AWS endpoint does by host name; the
@@ -21,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -77,8 +79,10 @@ type Knobs struct {
 	// InstanceAddress, if set, is every instance's private and public
 	// IPv4 address (tests point it at SSH servers on 127.0.0.1).
 	InstanceAddress string `json:"instance_address"`
-	// Quotas are the Service Quotas values by code (vCPUs), enforced by
-	// RunInstances and CreateFleet.
+	// Quotas are Service Quotas values by code, over the defaults: EC2's
+	// vCPU quotas (awsquota.Quotas; DefaultQuotas sets them all), which
+	// RunInstances and CreateFleet enforce, and any other quota served
+	// (EBS storage in TiB, IOPS, dedicated hosts), which is reported only.
 	Quotas map[string]float64 `json:"quotas"`
 	// NoCapacity makes launches of an instance type fail with
 	// InsufficientInstanceCapacity: the number of launches to refuse
@@ -276,6 +280,44 @@ func (c *Cloud) LiveInstances() int {
 		}
 	}
 	return n
+}
+
+// InstanceInfo is an instance as the cloud holds it.
+type InstanceInfo struct {
+	ID    string `json:"id"`
+	Type  string `json:"type"`
+	State string `json:"state"`
+	// Launched is when RunInstances (or CreateFleet) made it; Running
+	// when it went from pending to running (absent before).
+	Launched time.Time  `json:"launched"`
+	Running  *time.Time `json:"running,omitempty"`
+}
+
+// Instances lists the instances that are not terminated, oldest first.
+func (c *Cloud) Instances() []InstanceInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.advance(now)
+	out := []InstanceInfo{}
+	for _, in := range c.instances {
+		if in.State == "terminated" {
+			continue
+		}
+		ii := InstanceInfo{ID: in.ID, Type: in.Type, State: in.State, Launched: in.LaunchTime}
+		if in.State != "pending" && !in.RunningAt.IsZero() && !in.RunningAt.After(now) {
+			t := in.RunningAt
+			ii.Running = &t
+		}
+		out = append(out, ii)
+	}
+	slices.SortFunc(out, func(a, b InstanceInfo) int {
+		if c := a.Launched.Compare(b.Launched); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
 
 // newID makes an id such as i-0123456789abcdef0.

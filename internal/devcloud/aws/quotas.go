@@ -3,6 +3,7 @@ package aws
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -31,17 +32,81 @@ type sqQuota struct {
 	UsageMetric         map[string]any `json:"UsageMetric,omitempty"`
 }
 
-func (c *Cloud) quotaJSON(q awsquota.Quota, value float64) sqQuota {
-	class := "Standard/OnDemand"
-	if q.Spot {
-		class = "Standard/Spot"
+// quotaServices are the services whose quotas the cloud serves, by code.
+var quotaServices = map[string]string{
+	awsquota.ServiceCode:    "Amazon Elastic Compute Cloud (Amazon EC2)",
+	awsquota.EBSServiceCode: "Amazon Elastic Block Store (Amazon EBS)",
+}
+
+// servedQuota is a quota Service Quotas serves: EC2's vCPU quotas (which
+// RunInstances and CreateFleet enforce), its dedicated host quotas and
+// EBS's storage, IOPS and snapshot quotas (which are reported only).
+type servedQuota struct {
+	service, code, name string
+	// def is the value a fresh account has (GetAWSDefaultServiceQuota).
+	def float64
+	// vcpu is EC2's vCPU quota it is, if it is one.
+	vcpu *awsquota.Quota
+}
+
+// servedQuotas lists a service's quotas by code.
+func servedQuotas(service string) []servedQuota {
+	var out []servedQuota
+	switch service {
+	case awsquota.ServiceCode:
+		defaults := DefaultQuotas()
+		for i, q := range awsquota.Quotas {
+			out = append(out, servedQuota{service: service, code: q.Code, name: q.Name, def: defaults[q.Code], vcpu: &awsquota.Quotas[i]})
+		}
+		for _, h := range hostQuotas {
+			out = append(out, servedQuota{service: service, code: h.code, name: "Running Dedicated " + h.family + " Hosts", def: h.value})
+		}
+	case awsquota.EBSServiceCode:
+		for typ, vq := range awsquota.VolumeQuotas {
+			out = append(out, servedQuota{service: service, code: vq.Storage, name: vq.StorageName, def: ebsStorageTiB[typ]})
+			if vq.IOPS != "" {
+				out = append(out, servedQuota{service: service, code: vq.IOPS, name: vq.IOPSName, def: ebsIOPS[typ]})
+			}
+		}
+		out = append(out, servedQuota{service: service, code: "L-309BACF6", name: "Snapshots per Region", def: 100000})
 	}
-	return sqQuota{ServiceCode: awsquota.ServiceCode, ServiceName: "Amazon Elastic Compute Cloud (Amazon EC2)",
-		QuotaArn:  "arn:aws:servicequotas:" + c.region + ":" + c.account + ":ec2/" + q.Code,
-		QuotaCode: q.Code, QuotaName: q.Name, Value: value, Unit: "None", Adjustable: true, QuotaAppliedAtLevel: "ACCOUNT",
-		UsageMetric: map[string]any{"MetricNamespace": "AWS/Usage", "MetricName": "ResourceCount",
+	slices.SortFunc(out, func(a, b servedQuota) int { return strings.Compare(a.code, b.code) })
+	return out
+}
+
+// lookupQuota finds a quota of a service.
+func lookupQuota(service, code string) (servedQuota, bool) {
+	for _, q := range servedQuotas(service) {
+		if q.code == code {
+			return q, true
+		}
+	}
+	return servedQuota{}, false
+}
+
+// value is the quota's value now: the knob set for its code, else its
+// default.
+func (q servedQuota) value(k Knobs) float64 {
+	if v, set := k.Quotas[q.code]; set {
+		return v
+	}
+	return q.def
+}
+
+func (c *Cloud) quotaJSON(q servedQuota, value float64) sqQuota {
+	out := sqQuota{ServiceCode: q.service, ServiceName: quotaServices[q.service],
+		QuotaArn:  "arn:aws:servicequotas:" + c.region + ":" + c.account + ":" + q.service + "/" + q.code,
+		QuotaCode: q.code, QuotaName: q.name, Value: value, Unit: "None", Adjustable: true, QuotaAppliedAtLevel: "ACCOUNT"}
+	if q.vcpu != nil {
+		class := "Standard/OnDemand"
+		if q.vcpu.Spot {
+			class = "Standard/Spot"
+		}
+		out.UsageMetric = map[string]any{"MetricNamespace": "AWS/Usage", "MetricName": "ResourceCount",
 			"MetricDimensions":              map[string]string{"Class": class, "Resource": "vCPU", "Service": "EC2", "Type": "Resource"},
-			"MetricStatisticRecommendation": "Maximum"}}
+			"MetricStatisticRecommendation": "Maximum"}
+	}
+	return out
 }
 
 func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
@@ -89,22 +154,27 @@ func (c *Cloud) serveQuotas(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	knobs := c.Knobs()
+	noService := func() {
+		writeJSONError(w, http.StatusBadRequest, "NoSuchResourceException", "The request failed because the specified service "+in.ServiceCode+" does not exist.")
+	}
 	switch op {
 	case "GetServiceQuota", "GetAWSDefaultServiceQuota":
 		if in.ServiceCode == "" || in.QuotaCode == "" {
 			writeJSONError(w, http.StatusBadRequest, "ValidationException", "ServiceCode and QuotaCode are required")
 			return
 		}
-		q, ok := awsquota.Lookup(in.QuotaCode)
-		if in.ServiceCode != awsquota.ServiceCode || !ok {
+		if _, ok := quotaServices[in.ServiceCode]; !ok {
+			noService()
+			return
+		}
+		q, ok := lookupQuota(in.ServiceCode, in.QuotaCode)
+		if !ok {
 			writeJSONError(w, http.StatusBadRequest, "NoSuchResourceException", "The request failed because the specified quota "+in.QuotaCode+" of service "+in.ServiceCode+" does not exist.")
 			return
 		}
-		value := DefaultQuotas()[q.Code]
+		value := q.def
 		if op == "GetServiceQuota" {
-			if v, set := knobs.Quotas[q.Code]; set {
-				value = v
-			}
+			value = q.value(knobs)
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"Quota": c.quotaJSON(q, value)})
 	case "ListServiceQuotas", "ListAWSDefaultServiceQuotas":
@@ -112,47 +182,76 @@ func (c *Cloud) serveQuotas(w http.ResponseWriter, r *http.Request) {
 			writeJSONError(w, http.StatusBadRequest, "ValidationException", "ServiceCode is required")
 			return
 		}
-		if in.ServiceCode != awsquota.ServiceCode {
-			writeJSONError(w, http.StatusBadRequest, "NoSuchResourceException", "The request failed because the specified service "+in.ServiceCode+" does not exist.")
+		if _, ok := quotaServices[in.ServiceCode]; !ok {
+			noService()
 			return
 		}
-		limit := 100
-		if in.MaxResults != nil {
-			if *in.MaxResults < 1 || *in.MaxResults > 100 {
-				writeJSONError(w, http.StatusBadRequest, "ValidationException", "MaxResults must be from 1 to 100")
-				return
-			}
-			limit = *in.MaxResults
+		quotas := servedQuotas(in.ServiceCode)
+		start, end, next, ok := quotaPage(w, in.NextToken, in.MaxResults, knobs.PageSize, len(quotas))
+		if !ok {
+			return
 		}
-		limit = min(limit, knobs.PageSize)
-		quotas := slices.Clone(awsquota.Quotas)
-		slices.SortFunc(quotas, func(a, b awsquota.Quota) int { return strings.Compare(a.Code, b.Code) })
-		start := 0
-		if in.NextToken != "" {
-			n, err := strconv.Atoi(strings.TrimPrefix(in.NextToken, "q"))
-			if err != nil || !strings.HasPrefix(in.NextToken, "q") || n < 0 || n > len(quotas) {
-				writeJSONError(w, http.StatusBadRequest, "InvalidPaginationTokenException", "Invalid pagination token")
-				return
-			}
-			start = n
-		}
-		end := min(start+limit, len(quotas))
 		out := []sqQuota{}
 		for _, q := range quotas[start:end] {
-			value := DefaultQuotas()[q.Code]
-			if v, set := knobs.Quotas[q.Code]; set && op == "ListServiceQuotas" {
-				value = v
+			value := q.def
+			if op == "ListServiceQuotas" {
+				value = q.value(knobs)
 			}
 			out = append(out, c.quotaJSON(q, value))
 		}
 		resp := map[string]any{"Quotas": out}
-		if end < len(quotas) {
-			resp["NextToken"] = "q" + strconv.Itoa(end)
+		if next != "" {
+			resp["NextToken"] = next
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "ListServices":
-		writeJSON(w, http.StatusOK, map[string]any{"Services": []map[string]string{{"ServiceCode": awsquota.ServiceCode, "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)"}}})
+		codes := slices.Sorted(maps.Keys(quotaServices))
+		start, end, next, ok := quotaPage(w, in.NextToken, in.MaxResults, knobs.PageSize, len(codes))
+		if !ok {
+			return
+		}
+		services := []map[string]string{}
+		for _, code := range codes[start:end] {
+			services = append(services, map[string]string{"ServiceCode": code, "ServiceName": quotaServices[code]})
+		}
+		resp := map[string]any{"Services": services}
+		if next != "" {
+			resp["NextToken"] = next
+		}
+		writeJSON(w, http.StatusOK, resp)
 	default:
 		writeJSONError(w, http.StatusBadRequest, "UnknownOperationException", "Operation "+op+" is not offered by this cloud")
 	}
+}
+
+// quotaPage is the part [start, end) of a listing of n items that a call with
+// NextToken token and MaxResults maxResults gets (at most 100 items, as
+// Service Quotas allows, and at most the cloud's page size), and the token
+// of the next page ("" on the last); it answers the call itself when the
+// token or MaxResults are not valid.
+func quotaPage(w http.ResponseWriter, token string, maxResults *int, pageSize, n int) (start, end int, next string, ok bool) {
+	limit := 100
+	if maxResults != nil {
+		if *maxResults < 1 || *maxResults > 100 {
+			writeJSONError(w, http.StatusBadRequest, "ValidationException", "1 validation error detected: Value at 'maxResults' failed to satisfy constraint: Member must have value between 1 and 100")
+			return 0, 0, "", false
+		}
+		limit = *maxResults
+	}
+	if pageSize > 0 {
+		limit = min(limit, pageSize)
+	}
+	if token != "" {
+		i, err := strconv.Atoi(strings.TrimPrefix(token, "q"))
+		if err != nil || !strings.HasPrefix(token, "q") || i < 0 || i > n {
+			writeJSONError(w, http.StatusBadRequest, "InvalidPaginationTokenException", "Invalid pagination token")
+			return 0, 0, "", false
+		}
+		start = i
+	}
+	end = min(start+limit, n)
+	if end < n {
+		next = "q" + strconv.Itoa(end)
+	}
+	return start, end, next, true
 }

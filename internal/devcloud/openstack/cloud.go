@@ -4,7 +4,7 @@
 // state that lives as long as the process. Servers boot (BUILD, then
 // ACTIVE or ERROR with a fault) after a settable time; API latency, quota,
 // rate limiting and injected failures are knobs, settable from Go and from
-// the flags of `nodepool dev-cloud openstack`. Tests, benchmarks and users
+// the flags of `nodepool-devcloud openstack`. Tests, benchmarks and users
 // who want to watch the real driver work without a cloud all use it; real
 // clients (gophercloud, the openstack CLI) talk to it unchanged.
 package openstack

@@ -3,10 +3,9 @@ package openstack_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -360,30 +359,6 @@ func TestBadCredentials(t *testing.T) {
 	}
 }
 
-// The openstack CLI (python3-openstackclient) works against the dev cloud.
-func TestOpenStackCLI(t *testing.T) {
-	t.Parallel()
-	cli, err := exec.LookPath("openstack")
-	if err != nil {
-		t.Fatal("the openstack CLI is not installed: this test checks the dev cloud with it; install it with `apt-get install -y python3-openstackclient` (.ci/run does)")
-	}
-	srv, cl := start(t, devos.Options{}, "dev")
-	_, err = servers.Create(t.Context(), cl.compute, servers.CreateOpts{Name: "cli-test", ImageRef: srv.Images()[0].ID, FlavorRef: "1", Networks: "auto"}, nil).Extract()
-	if err != nil {
-		t.Fatal(err)
-	}
-	file, err := srv.WriteCloudsYAML(filepath.Join(t.TempDir(), "clouds.yaml"), "dev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(t.Context(), cli, "--os-cloud", "dev", "server", "list", "-f", "value", "-c", "Name", "-c", "Status", "-c", "Flavor")
-	cmd.Env = append(os.Environ(), "OS_CLIENT_CONFIG_FILE="+file, "HOME="+t.TempDir())
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "cli-test ACTIVE m1.tiny") {
-		t.Errorf("openstack server list: %v\n%s", err, out)
-	}
-}
-
 // A server is stopped and started as Nova does it (task_state
 // powering-off, then SHUTOFF; powering-on, then ACTIVE), refusing with 409
 // what its state does not allow, and an administrator can reset it to
@@ -442,5 +417,63 @@ func TestServerStopStartAndResetState(t *testing.T) {
 	err = servers.ResetState(ctx, cl.compute, s.ID, "paused").ExtractErr()
 	if statusOf(err) != http.StatusBadRequest || !strings.Contains(bodyOf(err), "is not one of ['active', 'error']") {
 		t.Errorf("reset to paused: %v (%s)", err, bodyOf(err))
+	}
+}
+
+// The dev cloud's own API counts the calls and lists the servers with
+// their times (what `nodepool bench cloud` reads), without a token and
+// without counting itself.
+func TestAdminStatsAndServers(t *testing.T) {
+	t.Parallel()
+	srv, cl := start(t, devos.Options{}, "dev")
+	s, err := servers.Create(t.Context(), cl.compute, servers.CreateOpts{Name: "admin", ImageRef: srv.Images()[0].ID, FlavorRef: "1", Networks: "auto"}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string, v any) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s", path, resp.Status)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stats struct {
+		Calls          map[string]int `json:"calls"`
+		RateLimited    int            `json:"rate_limited"`
+		ServersCreated int            `json:"servers_created"`
+	}
+	get("/_devcloud/stats", &stats)
+	if stats.Calls["compute"] == 0 || stats.Calls["identity"] == 0 || stats.ServersCreated != 1 {
+		t.Errorf("stats: %+v", stats)
+	}
+	before := srv.Stats().Calls
+	var list []struct {
+		ID       string     `json:"id"`
+		Name     string     `json:"name"`
+		Status   string     `json:"status"`
+		Created  time.Time  `json:"created"`
+		Launched *time.Time `json:"launched"`
+	}
+	get("/_devcloud/servers", &list)
+	if len(list) != 1 || list[0].ID != s.ID || list[0].Name != "admin" || list[0].Status != "ACTIVE" || list[0].Launched == nil || list[0].Created.IsZero() {
+		t.Errorf("servers: %+v", list)
+	}
+	if after := srv.Stats().Calls; len(after) != len(before) || after["compute"] != before["compute"] || after["identity"] != before["identity"] {
+		t.Errorf("the dev cloud's own API was counted: %v, then %v", before, after)
+	}
+	resp, err := http.Get(srv.URL + "/_devcloud/nosuch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown endpoint: %s", resp.Status)
 	}
 }

@@ -44,6 +44,10 @@ func base(r *http.Request) string {
 // serve runs every call: latency, the cloud's rate limit, token checks,
 // then the service's handler.
 func (c *Cloud) serve(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/_devcloud/") {
+		c.serveAdmin(w, r)
+		return
+	}
 	svc := serviceOf(r.URL.Path)
 	c.mu.Lock()
 	c.stats.Calls[svc]++

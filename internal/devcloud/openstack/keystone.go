@@ -13,6 +13,7 @@ func (c *Cloud) routes() {
 	c.imageRoutes()
 	c.networkRoutes()
 	c.volumeRoutes()
+	c.quotaRoutes()
 }
 
 func (c *Cloud) identityRoutes() {

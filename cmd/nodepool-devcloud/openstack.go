@@ -10,7 +10,7 @@ import (
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
 )
 
-func (a *app) devCloudOpenStackCmd() *cobra.Command {
+func (a *app) openStackCmd() *cobra.Command {
 	var (
 		listen, name, cloudsFile string
 		opts                     devos.Options
@@ -26,12 +26,19 @@ their REST APIs, with their status codes, error bodies, microversions and
 pagination. Servers stay in BUILD for --boot-time, then go ACTIVE (or
 ERROR with a fault, for a share of them given by --error-rate).
 
-It prints a clouds.yaml for itself on standard output (or writes it to
---clouds-yaml): point OS_CLIENT_CONFIG_FILE at it and both nodepool's
-openstack driver and the openstack CLI use it:
+It prints a clouds.yaml for itself on standard output, or writes it to
+--clouds-yaml and prints the line of exports that points clients at it:
+point OS_CLIENT_CONFIG_FILE at it and both nodepool's openstack driver and
+the openstack CLI use it:
 
-  nodepool dev-cloud openstack --listen 127.0.0.1:5000 --clouds-yaml /tmp/clouds.yaml
-  OS_CLIENT_CONFIG_FILE=/tmp/clouds.yaml openstack --os-cloud devcloud server list
+  nodepool-devcloud openstack --listen 127.0.0.1:5000 --clouds-yaml /tmp/clouds.yaml
+  export OS_CLIENT_CONFIG_FILE=/tmp/clouds.yaml OS_CLOUD=devcloud
+  openstack server list
+
+Its own API, for scripts and benchmarks (not OpenStack's): GET
+/_devcloud/stats counts the calls per service and those refused for the
+rate limit; GET /_devcloud/servers lists the servers with their creation
+and launch times.
 
 It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 		Args: cobra.NoArgs,
@@ -61,6 +68,7 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 					return err
 				}
 				fmt.Fprintf(a.err, "wrote %s\n", cloudsFile)
+				fmt.Fprintf(a.out, "export OS_CLIENT_CONFIG_FILE=%s OS_CLOUD=%s\n", shellQuote(cloudsFile), shellQuote(name))
 			} else {
 				fmt.Fprint(a.out, srv.CloudsYAML(name))
 			}
@@ -97,6 +105,16 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 	f.StringVar(&opts.HostIP, "host-ip", "", "address every server gets, fixed and floating (default: from the subnets 10.0.0.0/22 and 172.24.4.0/24)")
 	f.IntVar(&opts.PageSize, "page-size", devos.DefaultPageSize, "most items one page of a listing holds")
 	return cmd
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+:,=@%", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // parseFlavor reads NAME:VCPUS:RAM:DISK.

@@ -11,7 +11,7 @@ import (
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
 )
 
-func (a *app) devCloudAWSCmd() *cobra.Command {
+func (a *app) awsCmd() *cobra.Command {
 	var (
 		listen, region, account string
 		apiLatency, bootTime    time.Duration
@@ -36,16 +36,23 @@ snapshots and images complete after --import-time.
 
 Point the SDK or the aws CLI at it:
 
-  nodepool dev-cloud aws --listen 127.0.0.1:4566
+  nodepool-devcloud aws --listen 127.0.0.1:4566
   export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev AWS_DEFAULT_REGION=us-east-1
   aws ec2 describe-instances
   aws service-quotas get-service-quota --service-code ec2 --quota-code L-1216C47A
+  aws service-quotas list-service-quotas --service-code ebs
+
+Service Quotas serves EC2's vCPU quotas (enforced by RunInstances and
+CreateFleet) and dedicated host quotas, and EBS's storage and IOPS quotas
+per volume type (reported), with AWS's codes, names and default values.
 
 Knobs can be changed while it runs: GET or PUT /_devcloud/knobs (JSON);
 POST /_devcloud/interrupt {"instance_id": "i-...", "kind": "notice"} has EC2
 interrupt a spot instance ("notice": the two-minute warning, then the
 termination; "terminate": at once; "rebalance": a rebalance
-recommendation); GET /_devcloud/calls counts the calls per action.
+recommendation); GET /_devcloud/calls counts the calls per action;
+GET /_devcloud/instances lists the instances not terminated, with their
+launch and running times.
 
 It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 		Args: cobra.NoArgs,
@@ -64,7 +71,7 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 				code, val, ok := strings.Cut(q, "=")
 				v, err := strconv.ParseFloat(val, 64)
 				if !ok || err != nil || v < 0 || !strings.HasPrefix(code, "L-") {
-					return fmt.Errorf("--quota %q: expected CODE=VCPUS, such as L-1216C47A=64", q)
+					return fmt.Errorf("--quota %q: expected CODE=VALUE, such as L-1216C47A=64 (vCPUs) or L-7A658B76=100 (TiB of gp3 volumes)", q)
 				}
 				k.Quotas[code] = v
 			}
@@ -117,7 +124,7 @@ It runs until SIGINT or SIGTERM; its state is kept in memory only.`,
 	f.IntVar(&pageSize, "page-size", 1000, "most items a page of a Describe call holds")
 	f.StringVar(&address, "instance-address", "127.0.0.1", "address every instance gets, private and public (\"\": 10.0.x.y and 203.0.113.z, which nothing answers)")
 	f.StringSliceVar(&buckets, "bucket", nil, "an S3 bucket present from the start (repeatable), such as the object-storage bucket-name of a provider")
-	f.StringSliceVar(&quotas, "quota", nil, "a vCPU quota CODE=VCPUS (repeatable), such as L-1216C47A=64 (standard on-demand) or L-34B43A08=32 (standard spot)")
+	f.StringSliceVar(&quotas, "quota", nil, "a Service Quotas value CODE=VALUE (repeatable): EC2's vCPU quotas, enforced, such as L-1216C47A=64 (standard on-demand) or L-34B43A08=32 (standard spot); others reported as set, such as L-7A658B76=100 (TiB of gp3 volumes)")
 	f.StringSliceVar(&noCapacity, "no-capacity", nil, "refuse launches of an instance type with InsufficientInstanceCapacity: TYPE[=COUNT] (repeatable; spot/TYPE for spot, host/TYPE for dedicated hosts; no COUNT: always)")
 	f.StringSliceVar(&images, "image", nil, "a public AMI present from the start, AMI_ID=NAME (repeatable; the default Debian and Ubuntu AMIs stay)")
 	return cmd

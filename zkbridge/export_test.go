@@ -1,0 +1,31 @@
+package zkbridge
+
+import "time"
+
+// Hooks for the package's external tests.
+
+// LoseTrustForTest makes c behave as a connection down for d (its session
+// not trusted once d passes two thirds of its timeout); RegainForTest as
+// one connected again with the same session.
+func (c *Conn) LoseTrustForTest(d time.Duration) {
+	c.connected.Store(false)
+	c.since.Store(time.Now().Add(-d).UnixNano())
+}
+
+// RegainForTest: see LoseTrustForTest.
+func (c *Conn) RegainForTest() { c.connected.Store(true) }
+
+// Timeout is the connection's session timeout.
+func (c *Conn) TimeoutForTest() time.Duration { return c.timeout }
+
+// LockKeeper is the part of a bridge that keeps its request locks.
+type LockKeeper struct{ br *Bridge }
+
+// NewLockKeeperForTest is a bridge on c that only keeps request locks.
+func NewLockKeeperForTest(c *Conn) LockKeeper {
+	return LockKeeper{&Bridge{conn: c, held: map[string]*Lock{}}}
+}
+
+// Hold and Held are the bridge's hold and heldLock.
+func (k LockKeeper) Hold(id string, l *Lock) { k.br.hold(id, l) }
+func (k LockKeeper) Held(id string) *Lock    { return k.br.heldLock(id) }
