@@ -366,7 +366,7 @@ function chart(id, title, minutes, series, summary, opts = {}) {
   return `<figure class="chart" id="${id}"><figcaption><b>${esc(title)}</b> <span class="muted">${summary}</span></figcaption>` +
     `<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(title)}">` +
     `<line class="axis" x1="0" y1="${h - 0.5}" x2="${w}" y2="${h - 0.5}"/>${parts.join("")}</svg>` +
-    `<div class="scale"><span>60m ago</span><span>top: ${opts.format ? opts.format(top) : fmt(top)}${opts.unit || ""}</span><span>now</span></div>` +
+    `<div class="scale"><span>60m ago</span><span>${Math.max(...stacked) > 0 ? `top: ${opts.format ? opts.format(top) : fmt(top)}${opts.unit || ""}` : "none"}</span><span>now</span></div>` +
     `<div class="legend">${legend}</div></figure>`;
 }
 
