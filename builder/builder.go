@@ -559,7 +559,11 @@ func (b *Builder) heartbeat(ctx context.Context) error {
 	host, _ := os.Hostname()
 	now := time.Now().UTC()
 	c := kv.Component{ID: b.opts.ID, Roles: []string{config.RoleBuilder}, Hostname: host, PID: os.Getpid(),
-		Version: b.opts.Version, Heartbeat: now, Started: now}
+		Version: b.opts.Version, Heartbeat: now, Started: now, Providers: []string{}}
+	// The providers it uploads to are not drained while it lives.
+	for _, p := range b.config().Providers {
+		c.Providers = append(c.Providers, p.Name)
+	}
 	_, err := b.b.Components.Upsert(ctx, b.opts.ID, func(cur *kv.Component, found bool) {
 		started := cur.Started
 		*cur = c

@@ -16,6 +16,20 @@ type ProviderData struct {
 	// ServedBy are the live launchers that announce a pool of the
 	// provider.
 	ServedBy []string
+	// Remembered is the provider's record in nodepool-providers (its
+	// configuration section as a launcher last loaded it, and whether it
+	// drains), nil if there is none.
+	Remembered *kv.ProviderRecord
+}
+
+// Providers opens the providers' remembered configuration sections
+// (nodepool-providers; nil if the bucket does not exist). Operators'
+// credentials read it; a requestor's may not.
+func (c *Client) Providers(ctx context.Context) (*kv.Store[kv.ProviderRecord], error) {
+	if c.b.Providers != nil {
+		return c.b.Providers, nil
+	}
+	return kv.OpenProviders(ctx, c.js)
 }
 
 // ProviderData reads what the buckets hold about a provider, configured
@@ -51,13 +65,27 @@ func (c *Client) ProviderData(ctx context.Context, provider string) (ProviderDat
 			}
 		}
 	}
+	providers, err := c.Providers(ctx)
+	if err != nil {
+		return d, err
+	}
+	if providers != nil {
+		e, err := providers.Get(ctx, kv.ProviderKey(provider))
+		switch {
+		case err == nil:
+			d.Remembered = &e.Value
+		case !errors.Is(err, kv.ErrNotFound):
+			return d, err
+		}
+	}
 	return d, nil
 }
 
 // EraseProvider removes the node records and upload records of a provider
 // from the buckets (`nodepool erase`), as Nodepool erased its ZooKeeper
-// data: the cloud's instances and images are not touched. It returns how
-// many records it removed.
+// data, and its remembered configuration section, so that the launchers
+// stop draining it: the cloud's instances and images are not touched. It
+// returns how many node and upload records it removed.
 func (c *Client) EraseProvider(ctx context.Context, provider string) (nodes, uploads int, err error) {
 	ns, err := c.b.Nodes.List(ctx)
 	if err != nil {
@@ -90,6 +118,21 @@ func (c *Client) EraseProvider(ctx context.Context, provider string) (nodes, upl
 		}
 		if gone {
 			uploads++
+		}
+	}
+	// Its remembered configuration goes too: the launchers no longer try
+	// to drain it (nothing of it is left in the records to drain).
+	providers, err := c.Providers(ctx)
+	if err != nil {
+		return nodes, uploads, err
+	}
+	if providers != nil {
+		if e, err := providers.Get(ctx, kv.ProviderKey(provider)); err == nil {
+			if _, err := removeRecord(ctx, providers, e, func(*kv.ProviderRecord) bool { return true }); err != nil {
+				return nodes, uploads, err
+			}
+		} else if !errors.Is(err, kv.ErrNotFound) {
+			return nodes, uploads, err
 		}
 	}
 	return nodes, uploads, nil

@@ -623,6 +623,16 @@ func (a *Age) decodeYAML(d *decoder, path string, n *yaml.Node) {
 // MarshalText writes the age as a Go duration string.
 func (a Age) MarshalText() ([]byte, error) { return []byte(time.Duration(a).String()), nil }
 
+// UnmarshalText reads what MarshalText wrote (or seconds).
+func (a *Age) UnmarshalText(b []byte) error {
+	d, err := parseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q: %w", b, err)
+	}
+	*a = Age(d)
+	return nil
+}
+
 func parseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
 		if f > float64(1<<62)/float64(time.Second) || f < -float64(1<<62)/float64(time.Second) {
@@ -639,6 +649,17 @@ func parseDuration(s string) (time.Duration, error) {
 
 // MarshalText writes the duration as a Go duration string.
 func (du Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(du).String()), nil }
+
+// UnmarshalText reads what MarshalText wrote (or seconds): a provider's
+// section is remembered as JSON (see ProviderSection).
+func (du *Duration) UnmarshalText(b []byte) error {
+	d, err := parseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q: %w", b, err)
+	}
+	*du = Duration(d)
+	return nil
+}
 
 // StringList is a list of strings that may also be written as one string.
 type StringList []string

@@ -68,6 +68,8 @@ func (c *cleanup) run(ctx context.Context) {
 	defer wg.Wait()
 	c.clouds = newCloudSweeps(c, &wg)
 	defer c.clouds.wait()
+	drain := c.l.drain.term(c, &wg)
+	defer drain.end()
 	for {
 		gone := false
 		for _, ch := range compSub.Drain() {
@@ -94,6 +96,7 @@ func (c *cleanup) run(ctx context.Context) {
 		c.expireRequests(ctx)
 		c.requests(ctx)
 		c.clouds.start(ctx)
+		drain.pass(ctx)
 		if time.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)
 		}
@@ -236,8 +239,11 @@ func (c *cleanup) revisit(ctx context.Context) {
 	l := c.l
 	var due []kv.Entry[kv.Node]
 	seen := map[string]bool{}
+	named := l.namedProviders()
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-		if !unowned(&e.Value) {
+		// A node of a provider no live process has is nobody's to take
+		// up: the drain deletes it, or says why it cannot (drain.go).
+		if !unowned(&e.Value) || !named[e.Value.Provider] {
 			return true
 		}
 		seen[e.Key] = true

@@ -51,6 +51,8 @@ type harness struct {
 	// options, if set, changes the options of the launchers started from
 	// now.
 	options func(*consumers.Options)
+	// watched are more caches whose changes wake wait (see watchToo).
+	watched []func() (signal <-chan struct{}, drain, stop func())
 	// log, if set, is the log of the launchers started from now.
 	log *slog.Logger
 
@@ -116,6 +118,15 @@ func newHarnessOn(t testing.TB, srv *natstest.Server, cfg *config.Config) *harne
 		h.instances[p.Cloud] = c
 	}
 	return h
+}
+
+// watchToo runs a cache whose changes wake wait as the records' do.
+func watchToo[T any](h *harness, c *kv.Cache[T]) {
+	runCache(h.t, c)
+	h.watched = append(h.watched, func() (<-chan struct{}, func(), func()) {
+		sub := c.Subscribe()
+		return sub.C(), func() { sub.Drain() }, func() { c.Unsubscribe(sub) }
+	})
 }
 
 func runCache[T any](t testing.TB, c *kv.Cache[T]) {
@@ -187,9 +198,19 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	if b.Providers, err = kv.OpenProviders(ctx, js); err != nil {
+		h.t.Fatal(err)
+	}
 	opts := consumers.Options{
 		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
 		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
+		NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
+			p, err := service.NewProvider(ctx, js, pc, 1, h.launcherLog())
+			if err != nil {
+				return nil, err
+			}
+			return drivers.Share(p), nil
+		},
 	}
 	if h.options != nil {
 		h.options(&opts)
@@ -248,6 +269,24 @@ func (h *harness) wait(timeout time.Duration, cond func() bool) bool {
 					return
 				case <-s.C():
 					s.Drain()
+					select {
+					case inst <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for _, w := range h.watched {
+		signal, drain, unsubscribe := w()
+		defer unsubscribe()
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-signal:
+					drain()
 					select {
 					case inst <- struct{}{}:
 					default:

@@ -63,6 +63,11 @@ type Options struct {
 	// Pacer paces the providers' API calls, shared with the other roles
 	// of the process (nil: one of the launcher's own).
 	Pacer *drivers.Pacer
+	// NewDriver makes a provider's driver from its section: the cleanup
+	// leader makes, with it, the driver of a provider removed from the
+	// configuration from its remembered section, to drain it (drain.go).
+	// Nil: removed providers cannot be drained by this process.
+	NewDriver func(ctx context.Context, pc *config.Provider) (drivers.Provider, error)
 }
 
 // Launcher is one launcher process's share of the worker groups.
@@ -76,6 +81,7 @@ type Launcher struct {
 	requests   *kv.Cache[kv.Request]
 	components *kv.Cache[kv.Component]
 	images     *imageIndex // uploads of diskimages (nil without diskimage labels)
+	drain      *drainer    // remembered provider sections, drivers of removed providers
 
 	lifecycle *lifecycle
 	metrics   *metrics.Launcher
@@ -85,9 +91,11 @@ type Launcher struct {
 	statsLeader atomic.Bool
 
 	// paused holds the pools this process leads that wait on quota; a
-	// change is announced at once through beat.
+	// change is announced at once through beat. quotas holds the cloud's
+	// quota as those pools last read it, announced with the next beat.
 	pausedMu sync.Mutex
 	paused   map[string]bool
+	quotas   map[string]*kv.CloudQuota
 	beat     chan struct{}
 
 	// snap is the configuration in force and its drivers (reload.go);
@@ -154,6 +162,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		components: kv.NewCache(b.Components, log),
 		images:     newImageIndex(b, log),
 		paused:     map[string]bool{},
+		quotas:     map[string]*kv.CloudQuota{},
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
 		runners:    map[string]*runner{},
@@ -163,6 +172,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		return nil, err
 	}
 	l.snap.Store(snap)
+	l.drain = newDrainer(l)
 	l.metrics = metrics.NewLauncher(opts.Metrics, l.config)
 	l.lastBeat.Store(-int64(opts.LeaseTTL)) // fenced until the first heartbeat
 	l.lifecycle = newLifecycle(l)
@@ -174,8 +184,10 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		Requests: func(yield func(*kv.Request) bool) {
 			l.requests.Range(func(e *kv.Entry[kv.Request]) bool { return yield(&e.Value) })
 		},
-		Pools:  func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
-		Config: l.config,
+		Pools:    func() []kv.ComponentPool { return slices.Collect(maps.Values(l.livePools())) },
+		Config:   l.config,
+		Removed:  func() func(*kv.Node) bool { r := l.removals(); return func(n *kv.Node) bool { return r(n) != nil } },
+		Draining: l.Draining,
 	})
 	return l, nil
 }
@@ -206,7 +218,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	for _, run := range []func(context.Context) error{l.nodes.Run, l.requests.Run, l.components.Run} {
 		caches.Go(func() { _ = run(cacheCtx) })
 	}
-	for _, c := range l.images.caches() {
+	for _, c := range append(l.images.caches(), l.drain.caches()...) {
 		caches.Go(func() { _ = c.Run(cacheCtx) })
 	}
 	defer func() {
@@ -218,7 +230,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, c := range l.images.caches() {
+	for _, c := range append(l.images.caches(), l.drain.caches()...) {
 		if err := c.WaitSynced(ctx); err != nil {
 			return err
 		}
@@ -234,6 +246,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
 	wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
+	wg.Go(func() { l.drain.keepRemembered(ctx) })
 
 	intake, err := l.startIntake(ctx)
 	if err != nil {
@@ -300,9 +313,12 @@ func (l *Launcher) component() *kv.Component {
 		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()
+	c.Providers = []string{}
 	for _, p := range l.config().Providers {
+		c.Providers = append(c.Providers, p.Name)
 		for _, pool := range p.Pools {
-			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
+			ref := kv.PoolRef(p.Name, pool.Name)
+			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[ref], CloudQuota: l.quotas[ref]}
 			for _, pl := range pool.Labels {
 				cp.Labels = append(cp.Labels, pl.Name)
 			}
@@ -345,6 +361,18 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 		default:
 		}
 	}
+}
+
+// setCloudQuota records the cloud's quota as a pool this process leads
+// last read it (nil: none), for the next heartbeat to announce.
+func (l *Launcher) setCloudQuota(ref string, q *kv.CloudQuota) {
+	l.pausedMu.Lock()
+	defer l.pausedMu.Unlock()
+	if q == nil {
+		delete(l.quotas, ref)
+		return
+	}
+	l.quotas[ref] = q
 }
 
 // syncCaches waits until the node, request and component caches hold

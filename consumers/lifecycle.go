@@ -249,10 +249,11 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	if lc.quarantined(e.Key) {
 		return errQuarantined
 	}
-	drv, ok := lc.l.current().providers[n.Provider]
-	if !ok {
+	drv, draining, ok := lc.l.driverOf(n.Provider)
+	if !ok || (draining && n.State == kv.NodeBuilding) {
 		// Launchers may run different configurations: leave the node to
-		// one that has its provider.
+		// one that has its provider. A removed provider's driver deletes
+		// only (drain.go).
 		return errNotMine
 	}
 	slot := false // a launch slot taken for this node
@@ -272,7 +273,7 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 			slot = true
 		}
 	case kv.NodeUsed:
-		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
+		if reg, ok := drivers.As[drivers.Registrar](drv); ok && !draining {
 			return lc.reregister(ctx, e.Key, reg)
 		}
 	}

@@ -104,10 +104,13 @@ func (m *minReady) pass(ctx context.Context) {
 		return true
 	})
 	// Count the nodes that are, or are about to be, ready and unallocated.
+	// Nodes of a removed provider, pool or label are being deleted: they
+	// do not count (drain.go).
 	have := map[string]int{}
+	removed := l.removals()
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := &e.Value
-		if len(n.Labels) == 0 || (n.State != kv.NodeReady && n.State != kv.NodeBuilding && n.State != kv.NodeInit) {
+		if len(n.Labels) == 0 || (n.State != kv.NodeReady && n.State != kv.NodeBuilding && n.State != kv.NodeInit) || removed(n) != nil {
 			return true
 		}
 		_, released := done[n.AllocatedTo]

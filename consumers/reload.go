@@ -77,7 +77,9 @@ func (l *Launcher) use(provider string) (providerUse, bool) {
 		drv, ok := snap.providers[provider]
 		pc, cok := snap.cfg.Provider(provider)
 		if !ok || !cok {
-			return providerUse{}, false
+			// Not configured: the driver this process drains it with,
+			// if any (drain.go).
+			return l.drain.use(provider)
 		}
 		if done, ok := drivers.Use(drv); ok {
 			return providerUse{drv: drv, cfg: pc, done: done}, true
@@ -101,6 +103,7 @@ func (l *Launcher) Reload(cfg *config.Config, providers map[string]drivers.Provi
 	}
 	l.snap.Store(snap)
 	l.lifecycle.resize(cfg)
+	l.drain.rememberSoon()
 	started, stopped := l.syncRunners()
 	select {
 	case l.beat <- struct{}{}:

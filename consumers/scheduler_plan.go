@@ -355,6 +355,12 @@ func providesAll(have, want []string) bool {
 // nothing about it changes (a node to replace waits for quota).
 func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string][]string, room *headroom) bool {
 	s := t.scheduler // jobs run beside the loop: they touch no term state
+	if why := t.unserved(r); why != "" {
+		// A reload took one of its labels out of the pool: another pool
+		// serves it (drain.go).
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.putBack(ctx, r.ID, why) })
+		return true
+	}
 	if len(r.Nodes) != len(r.Labels) {
 		// A plan that does not match the labels: plan every slot again.
 		r.Nodes = make([]string, len(r.Labels))

@@ -309,6 +309,16 @@ type Manager interface {
 	Manage(ctx context.Context, interval time.Duration)
 }
 
+// Drainer is implemented by drivers that hold records of their own
+// (metastatic: backing requests and nodes). While a provider removed from
+// the configuration is drained, the cleanup leader calls Drain every
+// sweep: the driver lets go of what it holds as soon as nothing of the
+// provider needs it, and returns how many records it still holds; the
+// provider is drained once that is zero (and nothing else of it is left).
+type Drainer interface {
+	Drain(ctx context.Context) (held int, err error)
+}
+
 // Owner is implemented by drivers that can tell whether an instance is
 // the one they made for a node, by the tags every create puts on it
 // (TagNode and TagProvider). A node record is written by requestors too,

@@ -19,6 +19,10 @@ const (
 	BucketImages     = "nodepool-images"
 	BucketComponents = "nodepool-components"
 	BucketLocks      = "nodepool-locks"
+	// BucketProviders holds, per provider, its configuration section as
+	// a launcher last loaded it (ProviderRecord), so that a provider
+	// removed from the configuration can still be drained.
+	BucketProviders = "nodepool-providers"
 )
 
 // Options shape the buckets a process creates.
@@ -37,6 +41,9 @@ type Buckets struct {
 	Components *Store[Component]
 	Locks      *Store[LeaseRecord]
 	Images     jetstream.KeyValue
+	// Providers are the providers' remembered configuration sections,
+	// set by Ensure (Open leaves them out: see OpenProviders).
+	Providers *Store[ProviderRecord]
 	// LeaseTTL is the TTL of the components and locks buckets as they
 	// are: the life of every heartbeat and lease, whatever a process was
 	// configured with (0 if it could not be read).
@@ -59,6 +66,7 @@ func BucketConfigs(o Options) []jetstream.KeyValueConfig {
 			TTL: o.LeaseTTL, LimitMarkerTTL: markerTTL(o.LeaseTTL)},
 		{Bucket: BucketLocks, Description: "leases", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas,
 			TTL: o.LeaseTTL, LimitMarkerTTL: markerTTL(o.LeaseTTL)},
+		{Bucket: BucketProviders, Description: "providers' configuration sections, kept to drain removed providers", History: 1, Storage: jetstream.FileStorage, Replicas: o.Replicas},
 	}
 }
 
@@ -85,6 +93,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 	}
 	b, err := Open(ctx, js)
 	if err != nil {
+		return nil, err
+	}
+	if b.Providers, err = OpenProviders(ctx, js); err != nil {
 		return nil, err
 	}
 	lock, err := bucketTTL(ctx, b.Locks.kv)
@@ -206,7 +217,26 @@ func awaitBucket(ctx context.Context, js jetstream.JetStream, name string) (jets
 	})
 }
 
-// Open opens the buckets, which must exist.
+// OpenProviders opens the nodepool-providers bucket, the operators' and
+// the service's (a requestor may not read it: Open leaves it out); nil if
+// it does not exist (no launcher of a version that has it has run
+// against this server).
+func OpenProviders(ctx context.Context, js jetstream.JetStream) (*Store[ProviderRecord], error) {
+	b, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, BucketProviders) })
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("opening bucket %s: %w", BucketProviders, err)
+	}
+	if b, err = ReadFromLeader(ctx, js, b); err != nil {
+		return nil, err
+	}
+	return NewStore[ProviderRecord](b), nil
+}
+
+// Open opens the buckets, which must exist, but for nodepool-providers
+// (OpenProviders).
 func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	open := func(name string) (jetstream.KeyValue, error) {
 		b, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, name) })

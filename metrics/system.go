@@ -21,6 +21,12 @@ type SystemSource struct {
 	Requests func(yield func(*kv.Request) bool)
 	Pools    func() []kv.ComponentPool
 	Config   func() *config.Config
+	// Removed, if set, returns a test of whether a node's provider, pool
+	// or label was removed from the configuration (the node is drained);
+	// Draining, if set, counts the removed providers the process drains
+	// and those whose drain cannot go on.
+	Removed  func() func(*kv.Node) bool
+	Draining func() (draining, stuck int)
 }
 
 // System exports the gauges of the whole system, from the process that
@@ -31,6 +37,7 @@ type System struct {
 	sd  *Statsd
 
 	nodes, labelNodes, requests, addressable, quotaLimit, quotaUsed, maxServers, tenantLimits, waiting *prometheus.Desc
+	drainingNodes, drainingProviders                                                                   *prometheus.Desc
 }
 
 // Node and request states, in the order gauges list them.
@@ -52,6 +59,10 @@ func NewSystem(r *Registry, src SystemSource) *System {
 		maxServers:   prometheus.NewDesc("nodepool_provider_max_servers", "The sum of a provider's pools' max-servers (pools without one left out).", []string{"provider"}, nil),
 		tenantLimits: prometheus.NewDesc("nodepool_tenant_limit", "A tenant's configured resource limit (tenant-resource-limits).", []string{"tenant", "resource"}, nil),
 		waiting:      prometheus.NewDesc("nodepool_pool_waiting_for_quota", "1 when a live pool waits for quota (its leader holds requests back), else 0.", []string{"provider", "pool"}, nil),
+		drainingNodes: prometheus.NewDesc("nodepool_draining_nodes",
+			"Nodes of a provider, pool or label removed from the configuration, being deleted (in use: once given back), by state.", []string{"state"}, nil),
+		drainingProviders: prometheus.NewDesc("nodepool_draining_providers",
+			"Providers removed from the configuration whose nodes, instances or uploads are being deleted (state draining), and those of them whose drain cannot go on (state stuck: the driver cannot be made, the cloud's calls fail).", []string{"state"}, nil),
 	}
 	r.prom.MustRegister(s)
 	return s
@@ -59,7 +70,7 @@ func NewSystem(r *Registry, src SystemSource) *System {
 
 // Describe implements prometheus.Collector.
 func (s *System) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.nodes, s.labelNodes, s.requests, s.addressable, s.quotaLimit, s.quotaUsed, s.maxServers, s.tenantLimits, s.waiting} {
+	for _, d := range []*prometheus.Desc{s.nodes, s.labelNodes, s.requests, s.addressable, s.quotaLimit, s.quotaUsed, s.maxServers, s.tenantLimits, s.waiting, s.drainingNodes, s.drainingProviders} {
 		ch <- d
 	}
 }
@@ -100,6 +111,14 @@ func (s *System) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, v := range f.waiting {
 		gauge(s.waiting, float64(v), k.provider, k.pool)
+	}
+	for st, v := range f.drainingNodes {
+		gauge(s.drainingNodes, float64(v), st)
+	}
+	if s.src.Draining != nil {
+		draining, stuck := s.src.Draining()
+		gauge(s.drainingProviders, float64(draining), "draining")
+		gauge(s.drainingProviders, float64(stuck), "stuck")
 	}
 }
 
@@ -161,6 +180,10 @@ type figures struct {
 	maxServers   map[string]int
 	tenantLimits map[tenantResource]int
 	waiting      map[poolKey]int
+	// drainingNodes counts, by state, the nodes of what was removed from
+	// the configuration (they are in nodes too, under their names if a
+	// live pool still has them, else under Other).
+	drainingNodes map[string]int
 }
 
 // figures computes every system gauge from the records. Every state of
@@ -174,6 +197,14 @@ func (s *System) figures() figures {
 		nodes: map[poolState]int{}, labelNodes: map[labelState]int{}, requests: map[string]int{},
 		addressable: map[poolKey]int{}, quotaLimit: map[poolResource]int{}, quotaUsed: map[poolResource]int{},
 		maxServers: map[string]int{}, tenantLimits: map[tenantResource]int{}, waiting: map[poolKey]int{},
+		drainingNodes: map[string]int{},
+	}
+	removed := func(*kv.Node) bool { return false }
+	if s.src.Removed != nil {
+		removed = s.src.Removed()
+		for _, st := range NodeStates {
+			f.drainingNodes[string(st)] = 0
+		}
 	}
 	pools := s.src.Pools()
 	sort.Slice(pools, func(i, j int) bool { return pools[i].Provider+"/"+pools[i].Pool < pools[j].Provider+"/"+pools[j].Pool })
@@ -229,6 +260,9 @@ func (s *System) figures() figures {
 	}
 	s.src.Nodes(func(n *kv.Node) bool {
 		st := known.nodeState(n.State)
+		if removed(n) {
+			f.drainingNodes[st]++
+		}
 		provider, pool := known.pool(n.Provider, n.Pool)
 		f.nodes[poolState{provider, pool, st}]++
 		for _, lb := range n.Labels {

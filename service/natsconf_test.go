@@ -128,6 +128,8 @@ func TestProductionNatsConfig(t *testing.T) {
 		{"publish on another request subject", "nodepool.requests.other"},
 		{"pause a consumer", "$JS.API.CONSUMER.PAUSE.KV_nodepool-nodes.node-lifecycle"},
 		{"read a lease", "$JS.API.DIRECT.GET.KV_nodepool-locks.$KV.nodepool-locks.pool.p.main"},
+		{"read the providers' remembered sections", "$JS.API.DIRECT.GET.KV_nodepool-providers.$KV.nodepool-providers.cloud1"},
+		{"write a provider's remembered section", "$KV.nodepool-providers.cloud1"},
 		{"read the request stream", "$JS.API.CONSUMER.CREATE.NODEPOOL_REQUESTS.x.nodepool.requests.>"},
 		{"read the image files", "$JS.API.CONSUMER.CREATE.OBJ_nodepool-image-files.x.$O.nodepool-image-files.C.>"},
 		{"read the fake cloud", "$JS.API.DIRECT.GET.KV_fakecloud-p.$KV.fakecloud-p.x"},

@@ -162,6 +162,13 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			ID: s.ID, Config: cfg, Providers: p.providers, Pacer: pacer,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
+			NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
+				drv, err := NewProvider(ctx, p.js, pc, s.Replicas, log)
+				if err != nil {
+					return nil, err
+				}
+				return drivers.Share(drivers.Measured(drv, pc.Name, p.metrics.DriverCalls())), nil
+			},
 		})
 		if err != nil {
 			return nil, err

@@ -123,6 +123,16 @@ func TestCLIOperations(t *testing.T) {
 	if _, err := images.Uploads.Create(ctx, oldUpload.Key(), &oldUpload); err != nil {
 		t.Fatal(err)
 	}
+	// Its remembered section names a cloud that clouds.yaml no longer has:
+	// the launchers cannot drain it, its records stay for erase.
+	providers, err := rec.client.Providers(ctx)
+	if err != nil || providers == nil {
+		t.Fatalf("the providers bucket: %v", err)
+	}
+	if _, err := providers.Create(ctx, kv.ProviderKey("old-cloud"), &kv.ProviderRecord{Name: "old-cloud", Driver: "openstack",
+		Section: []byte(`{"Name": "old-cloud", "Driver": "openstack", "Cloud": "no-such-cloud"}`), Recorded: now, Launcher: "gone-launcher"}); err != nil {
+		t.Fatal(err)
+	}
 	out, _, code = nodepool(t, cli, "info", "old-cloud")
 	if code != 0 || !strings.Contains(out, "| old-node-1 ") || !strings.Contains(out, "| i-old ") || !strings.Contains(out, "| debian ") ||
 		!strings.Contains(out, "| 0000000003 ") || !strings.Contains(out, "Not in "+cfg) {
@@ -145,7 +155,7 @@ func TestCLIOperations(t *testing.T) {
 		t.Errorf("erase without an answer: code %d %q", code, errOut)
 	}
 	out, errOut, code = nodepool(t, cli, "erase", "--force", "old-cloud")
-	if code != 0 || !strings.Contains(out, "erased 1 node records and 1 upload records of provider old-cloud") {
+	if code != 0 || !strings.Contains(out, "erased 1 node records and 1 upload records of provider old-cloud, and its remembered configuration") {
 		t.Errorf("erase --force: code %d %q %q", code, out, errOut)
 	}
 	out, _, _ = nodepool(t, cli, "info", "old-cloud")

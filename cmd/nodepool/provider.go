@@ -70,6 +70,17 @@ showed the same from ZooKeeper; use it before "nodepool erase".`,
 					fmt.Fprintf(a.out, "Not in %s, and no live launcher serves it\n", a.settings.Config)
 				}
 			}
+			if r := d.Remembered; r != nil {
+				switch {
+				case r.DrainingSince != nil && r.Problem != "":
+					fmt.Fprintf(a.out, "Removed, draining since %s; the drain cannot go on since %s: %s\n(\"nodepool erase %s\" gives it up)\n",
+						r.DrainingSince.Format(time.RFC3339), r.ProblemSince.Format(time.RFC3339), r.Problem, args[0])
+				case r.DrainingSince != nil:
+					fmt.Fprintf(a.out, "Removed, draining since %s: its nodes, instances and uploads are being deleted\n", r.DrainingSince.Format(time.RFC3339))
+				case len(r.Section) > 0:
+					fmt.Fprintf(a.out, "Configuration remembered (driver %s) by %s at %s\n", r.Driver, r.Launcher, r.Recorded.Format(time.RFC3339))
+				}
+			}
 			fmt.Fprintln(a.out, "\nImage uploads:")
 			if err := uploads.WriteText(a.out, nil); err != nil {
 				return err
@@ -86,14 +97,17 @@ func (a *app) eraseCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "erase PROVIDER",
-		Short: "Remove a provider's node and upload records from the buckets (not its instances or images)",
+		Short: "Remove a provider's node and upload records and its remembered configuration (not its instances or images)",
 		Long: `Remove the node records and image upload records of a provider from the
-buckets, as Nodepool's erase removed its ZooKeeper data. Nothing in the
-cloud is touched: instances and images that are still there show up as
-leaked (alien-image-list; the launcher's cleanup deletes leaked instances
-of configured providers). Meant for a provider removed from the
-configuration: erase refuses a provider that a live launcher still serves
-and asks before it erases, unless --force.`,
+buckets, as Nodepool's erase removed its ZooKeeper data, and the
+configuration section the launchers remember of it (nodepool-providers).
+Nothing in the cloud is touched. A provider removed from the
+configuration is drained by the launchers on their own (its nodes,
+instances and uploads deleted through the remembered section, which is
+then forgotten): erase is how to give up a drain that cannot go on, when
+the provider's cloud is gone for good; instances and images still there
+are left. Erase refuses a provider that a live launcher still serves and
+asks before it erases, unless --force.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -107,7 +121,7 @@ and asks before it erases, unless --force.`,
 			if err != nil {
 				return err
 			}
-			if len(d.Nodes) == 0 && len(d.Uploads) == 0 {
+			if len(d.Nodes) == 0 && len(d.Uploads) == 0 && d.Remembered == nil {
 				fmt.Fprintf(a.out, "no records of provider %s\n", provider)
 				return nil
 			}
@@ -127,7 +141,11 @@ and asks before it erases, unless --force.`,
 			if err != nil {
 				return fmt.Errorf("after erasing %d node records and %d upload records: %w", nodes, uploads, err)
 			}
-			fmt.Fprintf(a.out, "erased %d node records and %d upload records of provider %s\n", nodes, uploads, provider)
+			fmt.Fprintf(a.out, "erased %d node records and %d upload records of provider %s", nodes, uploads, provider)
+			if d.Remembered != nil {
+				fmt.Fprint(a.out, ", and its remembered configuration")
+			}
+			fmt.Fprintln(a.out)
 			return nil
 		},
 	}
