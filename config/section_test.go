@@ -121,7 +121,7 @@ providers:
 	if c.Providers[0].Pools[0].Labels[0].Userdata != "secret-ish" {
 		t.Errorf("ProviderSection changed the configuration in force")
 	}
-	for _, bad := range []string{`{}`, `{"Name": "x", "Driver": "kubernetes"}`, `not json`} {
+	for _, bad := range []string{`{}`, `{"Name": "x", "Driver": "gce"}`, `not json`} {
 		if _, err := ProviderFromSection([]byte(bad)); err == nil {
 			t.Errorf("ProviderFromSection(%s) took it", bad)
 		}
