@@ -39,6 +39,23 @@ type scheduler struct {
 
 func newScheduler(b *Builder) *scheduler { return &scheduler{b: b} }
 
+// settling is how long the image scheduler still waits, after the images
+// bucket was made again, for every cache of it to hold the new bucket: two
+// sync intervals (at least 3 s, each cache noticing within a second)
+// after the last of them started afresh. Zero when none did lately.
+func (b *Builder) settling() time.Duration {
+	var last time.Time
+	for _, t := range []time.Time{b.images.Restarted(), b.builds.Restarted(), b.uploads.Restarted()} {
+		if t.After(last) {
+			last = t
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return time.Until(last.Add(max(2*b.opts.SyncInterval, 3*time.Second)))
+}
+
 func (s *scheduler) run(ctx context.Context) {
 	b := s.b
 	b.log.Info("leading the image scheduler")
@@ -57,6 +74,22 @@ func (s *scheduler) run(ctx context.Context) {
 		bs.Drain()
 		us.Drain()
 		is.Drain()
+		if wait := b.settling(); wait > 0 {
+			// The images bucket was deleted and made again a moment ago:
+			// the caches of its images, builds and uploads start afresh
+			// one after the other, and a pass over them now would take a
+			// new upload whose build its cache has not read yet for an
+			// orphan, and delete it. Decide once they all hold the new
+			// bucket.
+			b.log.Debug("the images bucket was made again; waiting for its caches before deciding", "for", wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			sweep = true
+			continue
+		}
 		if sweep {
 			s.sweepOrphans(ctx)
 		}

@@ -46,6 +46,10 @@ type KubernetesProvider struct {
 // limits and the defaults of its pod labels' resources.
 type KubernetesPool struct {
 	PoolMaxResources map[string]float64 `yaml:"max-resources" drivers:"kubernetes"`
+	// MaxPods is max-servers under the name Nodepool's openshiftpods
+	// driver (and files written for it) give it: the pods (or
+	// namespaces) the pool keeps at most. Read into MaxServers.
+	MaxPods int `yaml:"max-pods" drivers:"kubernetes"`
 	// The defaults of the pool's pod labels that set none (cpu in cores,
 	// memory in MiB, storage in MB).
 	DefaultLabelCPU            int                `yaml:"default-label-cpu" drivers:"kubernetes"`
@@ -158,6 +162,10 @@ func kubernetesDefaults(p *Provider) {
 	kp := &p.KubernetesProvider
 	for j := range p.Pools {
 		pool := &p.Pools[j]
+		if !pool.set["max-servers"] && pool.set["max-pods"] {
+			pool.MaxServers = pool.MaxPods
+			pool.set["max-servers"] = true
+		}
 		if !pool.set["max-servers"] && p.set["max-servers"] {
 			pool.MaxServers = kp.KubeMaxServers
 		}
@@ -271,6 +279,13 @@ func validateKubernetes(c *Config, v *validation, i int) {
 		ppath := indexPath(path+".pools", j)
 		pat := func(rest ...any) *yaml.Node { return at(append([]any{"pools", j}, rest...)...) }
 		checkLimits(ppath, pat, pool.MaxServers, pool.MaxCores, pool.MaxRAM, kpool.PoolMaxResources, pool.set)
+		if pool.set["max-pods"] {
+			if pool.MaxPods != pool.MaxServers {
+				v.fail(ppath+".max-pods", pat("max-pods"), "%d differs from max-servers %d: they are one limit (max-pods is its openshiftpods name); keep max-servers", pool.MaxPods, pool.MaxServers)
+			} else {
+				v.warn(ppath+".max-pods", pat("max-pods"), "read as max-servers (Nodepool's kubernetes driver spells it so; max-pods is the openshiftpods driver's name)")
+			}
+		}
 		for _, d := range []struct {
 			key string
 			val int

@@ -40,6 +40,8 @@ func TestKubernetesProblems(t *testing.T) {
 		{"spec with pod keys", "            image: docker.io/fedora:40\n", "            image: x\n            spec: {containers: [{name: a, image: b}]}\n", "providers[0].pools[0].labels[1].spec: spec is the whole pod, given to Kubernetes as written, so it excludes image", ""},
 		{"spec not a mapping", "            image: docker.io/fedora:40\n", "            spec: [a]\n", "providers[0].pools[0].labels[1].spec: expected a Kubernetes pod spec (a mapping with containers)", ""},
 		{"bad dynamic label", "            image: docker.io/fedora:40\n", "            image: x\n            dynamic-labels: {a: \"{request.nope}\"}\n", "providers[0].pools[0].labels[1].dynamic-labels.a:", ""},
+		{"max-pods differs from max-servers", "      - name: main\n", "      - name: main\n        max-servers: 2\n        max-pods: 3\n", "providers[0].pools[0].max-pods: 3 differs from max-servers 2: they are one limit", ""},
+		{"max-pods", "      - name: main\n", "      - name: main\n        max-pods: 3\n", "", "providers[0].pools[0].max-pods: read as max-servers"},
 		{"max-servers on a pool label", "            image: docker.io/fedora:40\n", "            image: x\n            max-servers: 3\n", "providers[0].pools[0].labels[1].max-servers: max-servers is a key of each pool (providers[].pools[]) for the kubernetes driver, not of a pool label: move it there", ""},
 
 		// What Nodepool loads but Kubernetes refuses is a warning that says so.
@@ -129,5 +131,18 @@ func TestKubernetesSpec(t *testing.T) {
 	}
 	if kl.CPU != 0 || kl.ImagePull != "" {
 		t.Errorf("defaults applied to a spec: cpu %d, image-pull %q", kl.CPU, kl.ImagePull)
+	}
+}
+
+// max-pods (the openshiftpods driver's name of the limit, which files
+// written for it carry) limits a kubernetes pool as max-servers does.
+func TestKubernetesMaxPods(t *testing.T) {
+	data := strings.Replace(kubernetesBase, "      - name: main\n", "      - name: main\n        max-pods: 3\n", 1)
+	cfg, err := Decode(Input{File: "nodepool.yaml", Data: []byte(data), Env: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Providers[0].Pools[0].MaxServers; got != 3 {
+		t.Fatalf("max-servers of a pool with max-pods 3: %d", got)
 	}
 }

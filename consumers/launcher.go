@@ -91,9 +91,11 @@ type Launcher struct {
 	statsLeader atomic.Bool
 
 	// paused holds the pools this process leads that wait on quota; a
-	// change is announced at once through beat.
+	// change is announced at once through beat. quotas holds the cloud's
+	// quota as those pools last read it, announced with the next beat.
 	pausedMu sync.Mutex
 	paused   map[string]bool
+	quotas   map[string]*kv.CloudQuota
 	beat     chan struct{}
 
 	// snap is the configuration in force and its drivers (reload.go);
@@ -160,6 +162,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		components: kv.NewCache(b.Components, log),
 		images:     newImageIndex(b, log),
 		paused:     map[string]bool{},
+		quotas:     map[string]*kv.CloudQuota{},
 		beat:       make(chan struct{}, 1),
 		born:       time.Now(),
 		runners:    map[string]*runner{},
@@ -314,7 +317,8 @@ func (l *Launcher) component() *kv.Component {
 	for _, p := range l.config().Providers {
 		c.Providers = append(c.Providers, p.Name)
 		for _, pool := range p.Pools {
-			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[kv.PoolRef(p.Name, pool.Name)]}
+			ref := kv.PoolRef(p.Name, pool.Name)
+			cp := kv.ComponentPool{Provider: p.Name, Pool: pool.Name, Priority: pool.Priority, Paused: l.paused[ref], CloudQuota: l.quotas[ref]}
 			for _, pl := range pool.Labels {
 				cp.Labels = append(cp.Labels, pl.Name)
 			}
@@ -357,6 +361,18 @@ func (l *Launcher) setPaused(ref string, paused bool) {
 		default:
 		}
 	}
+}
+
+// setCloudQuota records the cloud's quota as a pool this process leads
+// last read it (nil: none), for the next heartbeat to announce.
+func (l *Launcher) setCloudQuota(ref string, q *kv.CloudQuota) {
+	l.pausedMu.Lock()
+	defer l.pausedMu.Unlock()
+	if q == nil {
+		delete(l.quotas, ref)
+		return
+	}
+	l.quotas[ref] = q
 }
 
 // syncCaches waits until the node, request and component caches hold

@@ -227,6 +227,25 @@ type cloudQuota struct {
 	others kv.Resources
 }
 
+// announced is the quota as the heartbeat tells it: the limits the cloud
+// sets (a resource without one is left out) and what others hold.
+func (q cloudQuota) announced(read time.Time) *kv.CloudQuota {
+	out := &kv.CloudQuota{Limits: resourceMap(q.limits, drivers.Unlimited), Others: resourceMap(q.others, 0), Read: read.UTC()}
+	if len(out.Others) == 0 {
+		out.Others = nil
+	}
+	return out
+}
+
+// resourceMap lists resources by name (instances, cores, ram and the
+// others), leaving out those of value none.
+func resourceMap(r kv.Resources, none int) map[string]int {
+	m := map[string]int{"instances": r.Instances, "cores": r.Cores, "ram": r.RAM}
+	maps.Copy(m, r.Other)
+	maps.DeleteFunc(m, func(_ string, v int) bool { return v == none })
+	return m
+}
+
 // readCloudQuota reads a provider's quota and what instances that are
 // not this provider's hold.
 func readCloudQuota(ctx context.Context, drv drivers.Provider, provider string) (cloudQuota, error) {

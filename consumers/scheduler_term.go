@@ -44,6 +44,7 @@ func newTerm(s *scheduler) *term {
 // pass, and waits for the next change, job or tick.
 func (t *term) run(ctx context.Context) {
 	defer t.l.setPaused(t.ref, false)
+	defer t.l.setCloudQuota(t.ref, nil)
 	if !t.l.syncCaches(ctx) {
 		return
 	}
@@ -61,6 +62,7 @@ func (t *term) run(ctx context.Context) {
 		select {
 		case q := <-quotaC:
 			t.cloud = q
+			t.l.setCloudQuota(t.ref, q.announced(time.Now()))
 		case <-first.C:
 			t.log.Warn("the cloud has not told its quota yet; going on without it until it does", "waited", t.l.firstQuotaWait())
 		case <-ctx.Done():
@@ -114,6 +116,7 @@ func (t *term) run(ctx context.Context) {
 			}
 		case q := <-quotaC:
 			t.cloud = q
+			t.l.setCloudQuota(t.ref, q.announced(time.Now()))
 		}
 	}
 }

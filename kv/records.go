@@ -226,7 +226,23 @@ type ComponentPool struct {
 	Pool     string   `json:"pool"`
 	Priority int      `json:"priority"`
 	Labels   []string `json:"labels"`
-	Paused   bool     `json:"paused"`
+	// Paused: the pool waits for quota (its leader found a request that
+	// does not fit); pools of lower priority take what it cannot.
+	Paused bool `json:"paused"`
+	// CloudQuota is the provider's quota as the cloud last told the
+	// pool's leader (extension; absent where the leader has not read it,
+	// or the pool ignores the provider's quota).
+	CloudQuota *CloudQuota `json:"cloud_quota,omitempty"`
+}
+
+// CloudQuota is a provider's quota as its cloud reports it: the limits
+// (instances, cores, ram and the cloud's other resources; a resource
+// without a limit is absent) and what instances that are not this
+// provider's hold of them.
+type CloudQuota struct {
+	Limits map[string]int `json:"limits"`
+	Others map[string]int `json:"others,omitempty"`
+	Read   time.Time      `json:"read"`
 }
 
 // Component is a record of the nodepool-components bucket: a live launcher or

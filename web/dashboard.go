@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/token"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -20,20 +21,27 @@ import (
 //go:embed dashboard
 var dashboardFiles embed.FS
 
-// dashboard serves the live page and its event stream: every change of the
-// watch caches goes to each open page over Server-Sent Events, coalesced
-// into one message per interval.
+// dashboard serves the live page, the records it starts from
+// (/dashboard/snapshot, and snapshot.js for the page itself), the
+// overview (/dashboard/overview) and the event stream: every change of
+// the watch caches goes to each open page over Server-Sent Events,
+// coalesced into one message per interval.
 type dashboard struct {
 	v   *Views
+	cfg func() *config.Config
 	log *slog.Logger
 	// interval bounds how often a page gets a message; keepAlive is how
-	// often an idle stream sends a comment so proxies keep it open.
+	// often an idle stream sends the overview anyway (the last hour moves
+	// on, and proxies keep the stream open).
 	interval  time.Duration
 	keepAlive time.Duration
 }
 
-func newDashboard(v *Views, log *slog.Logger) *dashboard {
-	return &dashboard{v: v, log: log, interval: 250 * time.Millisecond, keepAlive: 15 * time.Second}
+func newDashboard(v *Views, cfg func() *config.Config, log *slog.Logger) *dashboard {
+	if cfg == nil {
+		cfg = func() *config.Config { return nil }
+	}
+	return &dashboard{v: v, cfg: cfg, log: log, interval: 250 * time.Millisecond, keepAlive: 15 * time.Second}
 }
 
 func (d *dashboard) assets() http.Handler {
@@ -44,9 +52,14 @@ func (d *dashboard) assets() http.Handler {
 	return http.StripPrefix("/dashboard/", http.FileServerFS(sub))
 }
 
-// feed is one cache's changes for one page, made small for the browser.
+// feed is one cache's records for one page, made small for the browser.
 type feed interface {
 	kind() string
+	// all returns every record now: key to record.
+	all() map[string]any
+	// start subscribes to the changes; the first drain holds every
+	// record.
+	start()
 	signal() <-chan struct{}
 	// drain takes the changes since the last call: key to record, or to
 	// nil when the key was deleted.
@@ -62,12 +75,21 @@ type cacheFeed[T, S any] struct {
 }
 
 func newFeed[T, S any](name string, c *kv.Cache[T], slim func(string, *T) S) feed {
-	return &cacheFeed[T, S]{name: name, cache: c, sub: c.Subscribe(), slim: slim}
+	return &cacheFeed[T, S]{name: name, cache: c, slim: slim}
 }
 
 func (f *cacheFeed[T, S]) kind() string            { return f.name }
+func (f *cacheFeed[T, S]) start()                  { f.sub = f.cache.Subscribe() }
 func (f *cacheFeed[T, S]) signal() <-chan struct{} { return f.sub.C() }
 func (f *cacheFeed[T, S]) close()                  { f.cache.Unsubscribe(f.sub) }
+func (f *cacheFeed[T, S]) all() map[string]any {
+	out := make(map[string]any, f.cache.Len())
+	f.cache.Range(func(e *kv.Entry[T]) bool {
+		out[e.Key] = f.slim(e.Key, &e.Value)
+		return true
+	})
+	return out
+}
 func (f *cacheFeed[T, S]) drain() map[string]any {
 	changes := f.sub.Drain()
 	if len(changes) == 0 {
@@ -125,8 +147,63 @@ func slimProvider(key string, p *kv.ProviderRecord) dashProvider {
 		Problem: p.Problem, ProblemSince: p.ProblemSince}
 }
 
+// overviewKinds are the records the overview is made of: a change of one
+// of them sends it again.
+var overviewKinds = []string{"nodes", "requests", "components"}
+
+// snapshot is every record and the overview, as the event stream's first
+// message has them.
+func (d *dashboard) snapshot() map[string]any {
+	msg := map[string]any{"reset": true}
+	for _, f := range d.feeds() {
+		msg[f.kind()] = f.all()
+	}
+	msg["overview"] = d.v.overview(d.cfg())
+	msg["server_time"] = time.Now().UTC()
+	return msg
+}
+
+// serveSnapshot answers /dashboard/snapshot: every record and the
+// overview, as JSON.
+func (d *dashboard) serveSnapshot(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, d.snapshot())
+}
+
+// serveSnapshotScript answers /dashboard/snapshot.js: the snapshot, as a
+// script that hands it to the page. The page loads it as a script, not a
+// fetch, so that its load event waits for the first data: a browser (or
+// `chromium --headless --screenshot`) that waits for the page to load
+// sees the records, not a page still loading.
+func (d *dashboard) serveSnapshotScript(w http.ResponseWriter, _ *http.Request) {
+	data, err := json.Marshal(d.snapshot())
+	if err != nil {
+		d.log.Error("dashboard: encoding the snapshot", "err", err)
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	// JSON is a JavaScript expression (json.Marshal escapes <, > and &,
+	// and U+2028 and U+2029).
+	_, _ = w.Write(append(append([]byte("nodepoolSnapshot("), data...), ");\n"...))
+}
+
+// serveOverview answers /dashboard/overview: the pools' capacity, the
+// providers' quota and failures, and the last hour, as JSON.
+func (d *dashboard) serveOverview(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, d.v.overview(d.cfg()))
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
 // serveEvents streams the records: a first message with everything
-// ("reset": true), then the changes.
+// ("reset": true), then the changes. The overview comes with the first
+// message, with every change of the records it is made of, and every
+// keepAlive.
 func (d *dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
@@ -138,6 +215,9 @@ func (d *dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Accel-Buffering", "no")
 	ctx, cancel := context.WithCancel(r.Context())
 	feeds := d.feeds()
+	for _, f := range feeds {
+		f.start()
+	}
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	defer func() {
@@ -164,7 +244,7 @@ func (d *dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	keepAlive := time.NewTicker(d.keepAlive)
 	defer keepAlive.Stop()
-	first := true
+	first, refresh := true, false
 	for {
 		msg := map[string]any{}
 		for _, f := range feeds {
@@ -172,7 +252,15 @@ func (d *dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 				msg[f.kind()] = changes
 			}
 		}
-		if first || len(msg) > 0 {
+		if first || len(msg) > 0 || refresh {
+			for _, k := range overviewKinds {
+				if msg[k] != nil {
+					refresh = true
+				}
+			}
+			if first || refresh {
+				msg["overview"] = d.v.overview(d.cfg())
+			}
 			msg["reset"] = first
 			msg["server_time"] = time.Now().UTC()
 			data, err := json.Marshal(msg)
@@ -184,16 +272,13 @@ func (d *dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			flusher.Flush()
-			first = false
+			first, refresh = false, false
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-keepAlive.C:
-			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil {
-				return
-			}
-			flusher.Flush()
+			refresh = true
 			continue
 		case <-wake:
 		}

@@ -3,7 +3,10 @@ package web_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +28,7 @@ func browser(t *testing.T) context.Context {
 	}
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()),
+		chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1200),
 		// Without these, chromium stalls on a machine with no internet.
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
@@ -50,8 +53,9 @@ func waitJS(t *testing.T, ctx context.Context, what, expr string) {
 }
 
 // The dashboard in a real browser: a request made during the test appears,
-// moves to fulfilled and disappears; nodes are grouped by provider, pool
-// and label; a hold shows in the attention panel.
+// moves to fulfilled and disappears; nodes show their provider, pool and
+// label, pools their capacity; the last hour's launches and latency are
+// drawn; a hold shows in the attention panel with its expiry in words.
 func TestDashboardLive(t *testing.T) {
 	t.Parallel()
 	s := startSite(t, true)
@@ -61,8 +65,10 @@ func TestDashboardLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, "the event stream", `document.getElementById("conn").dataset.state === "live"`)
-	waitJS(t, ctx, "the ready node under its provider, pool and label",
-		fmt.Sprintf(`!!document.querySelector('[data-provider="cloud1"] [data-pool="cloud1/main"] [data-label="small"] [data-node-id=%q][data-state="ready"]')`, ready.ID))
+	waitJS(t, ctx, "the ready node with its provider, pool and label",
+		fmt.Sprintf(`!!document.querySelector('#nodes [data-node-id=%q][data-state="ready"][data-provider="cloud1"][data-pool="cloud1/main"][data-label="small"]')`, ready.ID))
+	waitJS(t, ctx, "the pool's capacity against its max-servers",
+		`/\b[1-9]\d* \/ 10 servers/.test(document.querySelector('#capacity [data-pool="cloud1/main"]')?.innerText)`)
 
 	// Record every state the page shows for the request.
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`
@@ -91,6 +97,10 @@ func TestDashboardLive(t *testing.T) {
 	if len(seen) < 3 || seen[len(seen)-2] != "fulfilled" || seen[len(seen)-1] != "absent" {
 		t.Errorf("the page showed the request as %v; want it waiting, then fulfilled, then gone", seen)
 	}
+	// The last hour: the launches and the request's latency are drawn.
+	waitJS(t, ctx, "the launches drawn", `document.querySelectorAll('#chart-launches rect.ok').length >= 1`)
+	waitJS(t, ctx, "the request's latency drawn",
+		`document.querySelectorAll('#chart-latency rect').length >= 1 && /median .*\(\d+ requests? fulfilled\)/.test(document.querySelector('#chart-latency figcaption').innerText)`)
 
 	// A hold is visible at a glance.
 	if _, err := s.client.HoldAny(t.Context(), ready.ID, "debugging the dashboard", time.Hour); err != nil {
@@ -98,6 +108,52 @@ func TestDashboardLive(t *testing.T) {
 	}
 	waitJS(t, ctx, "the held node in the attention panel",
 		fmt.Sprintf(`document.querySelector('#attention [data-node-id=%q]')?.innerText.includes("debugging the dashboard")`, ready.ID))
+	// Times in words: the hold expires in an hour (less the seconds the
+	// test took), nowhere a raw RFC 3339 time.
+	expires, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector('#attention [data-node-id=%q]').innerText`, ready.ID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`expires in (59m|1h)\b`).MatchString(expires) {
+		t.Errorf("the hold's row says %q; want it to expire in 59m or 1h", expires)
+	}
+	noRawTimes(t, ctx)
+	screenshot(t, ctx, "live")
+}
+
+// noRawTimes fails the test if the page shows a time as RFC 3339.
+func noRawTimes(t *testing.T, ctx context.Context) {
+	t.Helper()
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d`).FindString(text); raw != "" {
+		t.Errorf("the page shows a raw time (%s...):\n%s", raw, text)
+	}
+}
+
+// screenshot saves what the window shows as a PNG in
+// NODEPOOL_TEST_SCREENSHOTS, when set, to be looked at; scrolled to an
+// element when a selector is given.
+func screenshot(t *testing.T, ctx context.Context, name string, scrollTo ...string) {
+	t.Helper()
+	dir := os.Getenv("NODEPOOL_TEST_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	for _, sel := range scrollTo {
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q).scrollIntoView(); true`, sel))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, t.Name()+"-"+name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A provider whose launches keep failing is named at the top of the
@@ -135,8 +191,13 @@ func TestDashboardShowsAFailingProvider(t *testing.T) {
 			}
 		}
 	}
-	waitJS(t, ctx, "the failing provider", `document.querySelector('[data-failing-provider="sick"]')?.innerText.includes("3 requests failed in the last hour")`)
+	waitJS(t, ctx, "the failing provider", `document.querySelector('[data-failing-provider="sick"]')?.innerText.includes("3 requests and 3 launches failed in the last hour")`)
 	waitJS(t, ctx, "the last reason", `document.querySelector('[data-failing-provider="sick"]')?.innerText.includes("launch failed after 1 attempt(s)")`)
+	// It stands out in the capacity table too; a healthy provider does not.
+	waitJS(t, ctx, "the failing provider marked in the capacity table",
+		`document.querySelector('#capacity [data-capacity-provider="sick"]')?.classList.contains("failing") && !document.querySelector('#capacity [data-capacity-provider="cloud1"]').classList.contains("failing")`)
+	waitJS(t, ctx, "the failures drawn", `document.querySelectorAll('#chart-failures rect.bad').length >= 1`)
+	screenshot(t, ctx, "failing")
 }
 
 // The nodes of a provider no live process has any more show as
@@ -158,11 +219,12 @@ func TestDashboardShowsADrainingProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, "the removed provider's nodes marked draining",
-		`!!document.querySelector('[data-provider="old-cloud"][data-draining="true"] [data-node-id="old-node-1"]')`)
-	if shown, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!document.querySelector('[data-provider="cloud1"][data-draining="true"]')`)); err != nil || shown {
+		`!!document.querySelector('#nodes [data-node-id="old-node-1"][data-provider="old-cloud"][data-draining="true"]') && !!document.querySelector('#capacity [data-capacity-provider="old-cloud"][data-draining="true"]')`)
+	if shown, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!document.querySelector('[data-provider="cloud1"][data-draining="true"], [data-capacity-provider="cloud1"][data-draining="true"]')`)); err != nil || shown {
 		t.Errorf("a configured provider is shown draining (%v)", err)
 	}
 	waitJS(t, ctx, "the removed provider in the attention panel, stuck, with why",
 		`(document.querySelector('#attention [data-draining-provider="old-cloud"][data-stuck="true"]')?.innerText || "").includes("no launcher recorded its configuration section")`)
 	waitJS(t, ctx, "how to give it up", `document.querySelector('#attention [data-draining-provider="old-cloud"]').innerText.includes("nodepool erase old-cloud")`)
+	screenshot(t, ctx, "draining")
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
@@ -182,4 +185,125 @@ func (s *site) readyNode(label string) kv.Node {
 		return found
 	})
 	return n
+}
+
+// board is the status port over buckets that no launcher works on: the
+// records a test writes stay as written, so the page can be shown any
+// fleet (a building node on its third attempt, ten thousand nodes).
+type board struct {
+	t     *testing.T
+	js    jetstream.JetStream
+	b     *kv.Buckets
+	views *web.Views
+	http  *httptest.Server
+}
+
+// startBoard serves the status port of a process with the configuration
+// yaml (its pools' limits) and no roles.
+func startBoard(t *testing.T, yaml string) *board {
+	t.Helper()
+	return startBoardWith(t, yaml, nil)
+}
+
+// startBoardWith serves the status port through wrap (nil: as it is).
+func startBoardWith(t *testing.T, yaml string, wrap func(http.Handler) http.Handler) *board {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log := testLog()
+	// Component records live as long as the test.
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Hour}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := web.NewViews(js, b, web.Views{}, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { views.Run(ctx) })
+	var h http.Handler = web.Handler(web.Options{Views: views, Config: func() *config.Config { return cfg }, Log: log})
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := httptest.NewServer(h)
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		cancel()
+		wg.Wait()
+	})
+	return &board{t: t, js: js, b: b, views: views, http: hs}
+}
+
+// node writes a node record.
+func (b *board) node(n kv.Node) {
+	b.t.Helper()
+	if _, err := b.b.Nodes.Create(b.t.Context(), n.ID, &n); err != nil {
+		b.t.Fatalf("writing node %s: %v", n.ID, err)
+	}
+}
+
+// putAsync writes a node record without waiting for the server's
+// acknowledgement (flush waits for them all): ten thousand records in a
+// moment.
+func (b *board) putAsync(n kv.Node) {
+	b.t.Helper()
+	data, err := json.Marshal(n)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if b.js.PublishAsyncPending() >= 1000 {
+		b.flush() // the client allows a few thousand in flight
+	}
+	if _, err := b.js.PublishAsync("$KV."+kv.BucketNodes+"."+n.ID, data); err != nil {
+		b.t.Fatalf("writing node %s: %v", n.ID, err)
+	}
+}
+
+// flush waits until every record putAsync wrote is stored.
+func (b *board) flush() {
+	b.t.Helper()
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		b.t.Fatalf("%d node records not stored after 60 s", b.js.PublishAsyncPending())
+	}
+}
+
+// request writes a request record.
+func (b *board) request(r kv.Request) {
+	b.t.Helper()
+	if _, err := b.b.Requests.Create(b.t.Context(), r.ID, &r); err != nil {
+		b.t.Fatalf("writing request %s: %v", r.ID, err)
+	}
+}
+
+// component writes a component record.
+func (b *board) component(c kv.Component) {
+	b.t.Helper()
+	if _, err := b.b.Components.Create(b.t.Context(), c.ID, &c); err != nil {
+		b.t.Fatalf("writing component %s: %v", c.ID, err)
+	}
+}
+
+// synced waits until the views hold n nodes and r requests.
+func (b *board) synced(nodes, requests int) {
+	b.t.Helper()
+	sn, sr := b.views.Nodes.Subscribe(), b.views.Requests.Subscribe()
+	defer b.views.Nodes.Unsubscribe(sn)
+	defer b.views.Requests.Unsubscribe(sr)
+	deadline := time.After(60 * time.Second)
+	for b.views.Nodes.Len() != nodes || b.views.Requests.Len() != requests {
+		select {
+		case <-sn.C():
+			sn.Drain()
+		case <-sr.C():
+			sr.Drain()
+		case <-deadline:
+			b.t.Fatalf("the views hold %d nodes and %d requests; want %d and %d", b.views.Nodes.Len(), b.views.Requests.Len(), nodes, requests)
+		}
+	}
 }

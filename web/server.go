@@ -58,9 +58,12 @@ func Handler(o Options) http.Handler {
 		mux.Handle("GET /metrics", o.Metrics)
 	}
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) { serveSummary(w, o) })
-	d := newDashboard(o.Views, o.Log)
+	d := newDashboard(o.Views, o.Config, o.Log)
 	mux.Handle("GET /dashboard/", d.assets())
 	mux.HandleFunc("GET /dashboard/events", d.serveEvents)
+	mux.HandleFunc("GET /dashboard/snapshot", d.serveSnapshot)
+	mux.HandleFunc("GET /dashboard/snapshot.js", d.serveSnapshotScript)
+	mux.HandleFunc("GET /dashboard/overview", d.serveOverview)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/dashboard/", http.StatusFound)
 	})

@@ -23,6 +23,9 @@ type Views struct {
 	Images     *kv.Cache[kv.DiskImage]
 	Builds     *kv.Cache[kv.ImageBuild]
 	Uploads    *kv.Cache[kv.ImageUpload]
+	// History is the last hour of launches and requests, as the node and
+	// request caches showed it (NewViews makes it).
+	History *History
 	// Providers are the remembered provider sections (nil without the
 	// nodepool-providers bucket): which removed providers drain.
 	Providers *kv.Cache[kv.ProviderRecord]
@@ -45,6 +48,9 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 	own(&v, &v.Images, img.Images, log)
 	own(&v, &v.Builds, img.Builds, log)
 	own(&v, &v.Uploads, img.Uploads, log)
+	v.History = NewHistory(nil)
+	v.Nodes.Observe(v.History.ObserveNode)
+	v.Requests.Observe(v.History.ObserveRequest)
 	if b.Providers != nil {
 		own(&v, &v.Providers, b.Providers, log)
 	}

@@ -136,8 +136,24 @@ func TestFailureKinds(t *testing.T) {
 	if _, err := e.admin.CoreV1().ResourceQuotas(sm.ExternalID()).Create(t.Context(), rq, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// (Until the quota controller has counted the namespace's pods, the
-	// quota refuses every pod too: status unknown.)
+	// The API server's quota admission reads quotas from its cache: a
+	// quota made a moment ago may not be in it yet, and a pod would then
+	// be let through. Wait until a dry run of a pod is refused. (Until
+	// the quota controller has counted the namespace's pods, the quota
+	// refuses every pod too: status unknown.)
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "quota-probe"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "probe"}}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, perr := e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if perr != nil && strings.Contains(perr.Error(), "quota") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the quota made 30 s ago does not refuse pods yet (a dry run: %v)", perr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	_, err = sm.Advance(t.Context())
 	if !errors.Is(err, drivers.ErrQuotaExceeded) || !strings.Contains(err.Error(), "quota: policy") {
 		t.Fatalf("a pod over the namespace's quota: %v; want drivers.ErrQuotaExceeded", err)
