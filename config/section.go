@@ -10,16 +10,19 @@ import (
 // from the file can still be drained: its driver is made again from the
 // section, to delete what is left of it. JSON of the loaded struct keeps
 // every key a driver reads, whatever the file wrote (an anchor, a
-// default, a secure file); the labels' userdata is left out, since a
-// drain never launches.
+// default, a secure file); what a launch alone reads and may hold a
+// secret (the labels' userdata, a kubernetes pod's env and spec) is left
+// out, since a drain never launches.
 
 // ProviderSection returns the provider's section to remember.
 func ProviderSection(p *Provider) (json.RawMessage, error) {
 	c := p.clone()
 	for i := range c.Pools {
 		for j := range c.Pools[i].Labels {
-			c.Pools[i].Labels[j].Userdata = ""
-			c.Pools[i].Labels[j].EC2UserData = ""
+			lb := &c.Pools[i].Labels[j]
+			lb.Userdata, lb.EC2UserData = "", ""
+			// A pod's environment and whole spec may carry secrets too.
+			lb.Env, lb.Spec = nil, nil
 		}
 	}
 	b, err := json.Marshal(c)

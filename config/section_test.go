@@ -75,7 +75,8 @@ func TestProviderSectionRoundTrip(t *testing.T) {
 			want := *p.clone()
 			for j := range want.Pools {
 				for k := range want.Pools[j].Labels {
-					want.Pools[j].Labels[k].Userdata, want.Pools[j].Labels[k].EC2UserData = "", ""
+					lb := &want.Pools[j].Labels[k]
+					lb.Userdata, lb.EC2UserData, lb.Env, lb.Spec = "", "", nil, nil
 				}
 			}
 			clearSet(reflect.ValueOf(&want))
@@ -92,9 +93,9 @@ func TestProviderSectionRoundTrip(t *testing.T) {
 	}
 }
 
-func TestProviderSectionLeavesUserdataOut(t *testing.T) {
+func TestProviderSectionLeavesSecretsOut(t *testing.T) {
 	c, err := Parse("t.yaml", []byte(`
-labels: [{name: a}]
+labels: [{name: a}, {name: b}, {name: c}]
 providers:
   - name: os
     driver: openstack
@@ -105,23 +106,47 @@ providers:
           - name: a
             cloud-image: img
             flavor-name: f
-            userdata: "secret-ish"
+            userdata: "secret-userdata"
     cloud-images: [{name: img}]
+  - name: k8s
+    driver: kubernetes
+    context: ctx
+    pools:
+      - name: p
+        labels:
+          - name: b
+            type: pod
+            image: img
+            env: [{name: TOKEN, value: secret-env}]
+          - name: c
+            type: pod
+            spec:
+              containers:
+                - name: main
+                  image: img
+                  env: [{name: TOKEN, value: secret-spec}]
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := ProviderSection(&c.Providers[0])
-	if err != nil {
-		t.Fatal(err)
+	for i := range c.Providers {
+		raw, err := ProviderSection(&c.Providers[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, secret := range []string{"secret-userdata", "secret-env", "secret-spec"} {
+			if strings.Contains(string(raw), secret) {
+				t.Errorf("the section of %s keeps %s: %s", c.Providers[i].Name, secret, raw)
+			}
+		}
+		if _, err := ProviderFromSection(raw); err != nil {
+			t.Errorf("the section of %s does not read back: %v", c.Providers[i].Name, err)
+		}
 	}
-	if strings.Contains(string(raw), "secret-ish") {
-		t.Errorf("the section keeps the userdata: %s", raw)
-	}
-	if c.Providers[0].Pools[0].Labels[0].Userdata != "secret-ish" {
+	if c.Providers[0].Pools[0].Labels[0].Userdata != "secret-userdata" || len(c.Providers[1].Pools[0].Labels[0].Env) != 1 || c.Providers[1].Pools[0].Labels[1].Spec == nil {
 		t.Errorf("ProviderSection changed the configuration in force")
 	}
-	for _, bad := range []string{`{}`, `{"Name": "x", "Driver": "gce"}`, `not json`} {
+	for _, bad := range []string{`{}`, `{"Name": "x", "Driver": "gce"}`, `{"Name": "x", "Driver": "nosuch"}`, `not json`} {
 		if _, err := ProviderFromSection([]byte(bad)); err == nil {
 			t.Errorf("ProviderFromSection(%s) took it", bad)
 		}

@@ -298,6 +298,19 @@ func (l *Launcher) driverOf(provider string) (drv drivers.Provider, draining, ok
 	return nil, false, false
 }
 
+// launchable reports whether the configuration in force has the pool and
+// label a node is launched for: one a reload removed launches nothing
+// more (the drain deletes the node, or another launcher that still has
+// them launches it).
+func (l *Launcher) launchable(n *kv.Node) bool {
+	pc, ok := l.config().Provider(n.Provider)
+	if !ok {
+		return false
+	}
+	_, _, err := pc.PoolLabel(n.Pool, createRequest(n).Label)
+	return err == nil
+}
+
 // namedProviders are the providers some live launcher's configuration
 // names, this one's included: those whose nodes a launcher deletes. A
 // provider that only a builder still names (a builder not reloaded yet)

@@ -271,6 +271,39 @@ func TestReloadRemovingWhatAPendingRequestWaitsOn(t *testing.T) {
 	}
 }
 
+// A node of a removed pool that no launch had started yet (the
+// launcher claims it after the reload, or after a restart without the
+// pool) is not launched: no attempt fails on the missing pool, its
+// request is not failed; the drain deletes the node and another pool
+// serves the request.
+func TestNodeOfARemovedPoolIsNotLaunched(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, fmt.Sprintf(drainPending, "nl", "a", ""))
+	now := time.Now().UTC()
+	req := kv.Request{ID: "pending-1", State: kv.RequestPending, Labels: []string{"b"}, Nodes: []string{"doomed-node"},
+		DeclinedBy: []string{}, Provider: "slow", Pool: "doomed", Requestor: "tester", Created: now, StateTime: now}
+	if _, err := h.b.Requests.Create(t.Context(), req.ID, &req); err != nil {
+		t.Fatal(err)
+	}
+	node := kv.Node{ID: "doomed-node", State: kv.NodeBuilding, Labels: []string{"b"}, Provider: "slow", Pool: "doomed",
+		AllocatedTo: req.ID, Created: now, StateTime: now}
+	if _, err := h.b.Nodes.Create(t.Context(), node.ID, &node); err != nil {
+		t.Fatal(err)
+	}
+	h.startLauncher("l1")
+	h.until(30*time.Second, "the request served by the other pool, the doomed node deleted", func() bool {
+		r, ok := h.request(req.ID)
+		if ok && r.State == kv.RequestFailed {
+			t.Fatalf("the request failed: %s", r.Reason)
+		}
+		_, nodeLeft := h.node(node.ID)
+		return ok && r.State == kv.RequestFulfilled && r.Provider == "fast" && !nodeLeft
+	})
+	if n := h.instancesEverCreated("nl-slow"); n != 0 {
+		t.Errorf("%d instances were launched in the removed pool", n)
+	}
+}
+
 const drainProviders = `
 labels:
   - name: a

@@ -250,10 +250,11 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		return errQuarantined
 	}
 	drv, draining, ok := lc.l.driverOf(n.Provider)
-	if !ok || (draining && n.State == kv.NodeBuilding) {
+	if !ok || (n.State == kv.NodeBuilding && (draining || !lc.l.launchable(n))) {
 		// Launchers may run different configurations: leave the node to
-		// one that has its provider. A removed provider's driver deletes
-		// only (drain.go).
+		// one that has its provider, pool and label. A removed provider's
+		// driver deletes only, and a removed pool or label launches
+		// nothing more (drain.go).
 		return errNotMine
 	}
 	slot := false // a launch slot taken for this node
@@ -416,7 +417,7 @@ func (lc *lifecycle) launch(e kv.Entry[kv.Node], slot bool) {
 		// with, whatever a reload does meanwhile.
 		u, ok := lc.l.use(e.Value.Provider)
 		if !ok {
-			lc.handOverNode(ctx, e.Key)
+			lc.handOverNode(ctx, e.Key, "provider no longer configured here; handing the node over")
 			return
 		}
 		defer u.done()
@@ -558,10 +559,11 @@ func (lc *lifecycle) handOver(ctx context.Context) {
 	}
 }
 
-// handOverNode gives up a node this process claimed but whose provider a
-// reload removed meanwhile, for a launcher that has the provider.
-func (lc *lifecycle) handOverNode(ctx context.Context, id string) {
-	lc.l.log.Warn("provider no longer configured here; handing the node over", "node", id)
+// handOverNode gives up a node this process claimed but whose provider
+// (or, for a launch, pool or label) a reload removed meanwhile, for a
+// launcher that has it; the drain deletes it if none has (drain.go).
+func (lc *lifecycle) handOverNode(ctx context.Context, id, why string) {
+	lc.l.log.Warn(why, "node", id)
 	_, err := lc.l.nodes.Modify(ctx, id, func(n *kv.Node) error {
 		if n.Launcher != lc.l.opts.ID || (n.State != kv.NodeBuilding && n.State != kv.NodeDeleting) {
 			return kv.ErrSkip

@@ -36,6 +36,13 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 	n := e.Value
 	prov, drv := u.cfg, u.drv
 	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
+	if !l.launchable(&n) {
+		// A reload removed its pool or label since it was claimed: a
+		// launcher that has them launches it, else the drain deletes it
+		// (drain.go).
+		lc.handOverNode(ctx, id, "launch not started: its pool or label is no longer in this launcher's configuration; handing the node over")
+		return ""
+	}
 	if n.Attempt == 0 {
 		n.Attempt = 1
 	}
@@ -119,6 +126,12 @@ func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u provi
 			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
 				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
 				return
+			}
+			if !l.launchable(&n) {
+				// A reload removed its pool or label meanwhile: no other
+				// attempt here (as above).
+				lc.handOverNode(ctx, id, "launch not tried again: its pool or label is no longer in this launcher's configuration; handing the node over")
+				return ""
 			}
 			next := n.Attempt + 1
 			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {

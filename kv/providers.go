@@ -10,12 +10,13 @@ import (
 // ProviderRecord is a record of the nodepool-providers bucket (key: the
 // provider's name, a dot written "="): a provider's configuration section
 // as a launcher last loaded it. When the provider is gone from every live
-// process's configuration while nodes, instances or uploads of it remain,
-// the cleanup leader makes its driver from this section and drains it
-// (deletes what is left, launches nothing); once nothing of it remains,
-// the record is deleted. The section holds no secrets (cloud credentials
-// live in clouds.yaml, the environment or the instance's role; label
-// userdata is left out).
+// launcher's configuration while nodes, instances or uploads of it
+// remain, the cleanup leader makes its driver from this section and
+// drains it (deletes what is left, launches nothing); once nothing of it
+// remains, the record is deleted. The section holds no secrets (cloud
+// credentials live in clouds.yaml, a kubeconfig, the environment or the
+// instance's role; labels' userdata and kubernetes pods' env and spec
+// are left out).
 type ProviderRecord struct {
 	Name   string `json:"name"`
 	Driver string `json:"driver"`
