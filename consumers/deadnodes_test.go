@@ -13,6 +13,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -32,16 +33,24 @@ var deaths = []struct {
 // seenStates follows a node's records from now on: every state it is
 // written in, with its reason and allocation.
 func (h *harness) seenStates(id string) func() []kv.Node {
-	sub := h.nodes.Subscribe()
-	h.t.Cleanup(func() { h.nodes.Unsubscribe(sub) })
+	// Every write of the record, from the bucket's subjects: a cache (or
+	// a watch) that lags skips the states in between, and the failed
+	// state lasts only until the lifecycle deletes the node.
+	var mu sync.Mutex
 	var seen []kv.Node
-	return func() []kv.Node {
-		for _, ch := range sub.Drain() {
-			if ch.Key == id && ch.New != nil {
-				seen = append(seen, ch.New.Value)
-			}
+	natstest.Writes(h.t, h.nc, kv.BucketNodes, id, func(_ string, value []byte, deleted bool) {
+		var n kv.Node
+		if deleted || json.Unmarshal(value, &n) != nil {
+			return
 		}
-		return seen
+		mu.Lock()
+		seen = append(seen, n)
+		mu.Unlock()
+	})
+	return func() []kv.Node {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]kv.Node(nil), seen...)
 	}
 }
 
