@@ -390,7 +390,12 @@ func TestMaxServers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.until(30*time.Second, "the pool waiting on quota", func() bool {
+	s.until(30*time.Second, "the pool waiting on quota, the second request seen", func() bool {
+		// The test's cache of requests may lag the launcher's: the
+		// request is looked at once this cache has it too.
+		if _, ok := s.reqs.Get(id); !ok {
+			return false
+		}
 		paused := false
 		s.p.Launcher().Components().Range(func(e *kv.Entry[kv.Component]) bool {
 			for _, p := range e.Value.Pools {
