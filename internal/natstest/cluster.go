@@ -203,6 +203,34 @@ func (c *Cluster) Healthy() (bool, string) {
 			return false, fmt.Sprintf("%s: %s %s", c.Name(i), st.Status, st.Error)
 		}
 	}
+	// Healthy servers are not yet a cluster that can place a replicated
+	// stream: the meta leader must see every other running member as a
+	// current peer, or a create of an R3 bucket at once is refused with
+	// "no suitable peers for placement" (seen on a loaded machine).
+	running := c.Running()
+	for _, i := range running {
+		ns := c.Server(i)
+		if ns == nil || !ns.JetStreamIsLeader() {
+			continue
+		}
+		jsi, err := ns.Jsz(nil)
+		if err != nil || jsi.Meta == nil {
+			return false, fmt.Sprintf("%s: no meta cluster information (%v)", c.Name(i), err)
+		}
+		current := 0
+		for _, p := range jsi.Meta.Replicas {
+			if p.Current && !p.Offline {
+				current++
+			}
+		}
+		if current < len(running)-1 {
+			return false, fmt.Sprintf("the meta leader %s sees %d current peers of %d", c.Name(i), current, len(running)-1)
+		}
+		return true, ""
+	}
+	if len(running) > 1 {
+		return false, "no meta leader"
+	}
 	return true, ""
 }
 
