@@ -18,10 +18,15 @@ import (
 	"github.com/nodepool-nats/nodepool/zkbridge"
 )
 
+// Nodes launched for a request that ended while they booted stay ready for
+// later requests, as in Nodepool; max-ready-age deletes those nobody took,
+// so that the kill test ends with nothing left.
 const zuulConfig = `
 labels:
   - name: small
+    max-ready-age: 10
   - name: medium
+    max-ready-age: 10
 providers:
   - name: cloud1
     driver: fake
