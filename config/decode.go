@@ -682,11 +682,26 @@ func (sl *StringList) decodeYAML(d *decoder, path string, n *yaml.Node) {
 type Attributes map[string]string
 
 func (a *Attributes) decodeYAML(d *decoder, path string, n *yaml.Node) {
+	out := Attributes{}
+	d.scalarPairs(path, n, "expected a plain value (a string, number or boolean), got %s; nested values are not supported: the node record's attributes map names to strings",
+		func(key, _ string, v *yaml.Node) {
+			if isNull(v) {
+				out[key] = ""
+			} else {
+				out[key] = v.Value
+			}
+		})
+	*a = out
+}
+
+// scalarPairs calls fn with each key of a mapping whose value is a scalar,
+// and fails the keys that are not plain, and the values that are not
+// scalars with notScalar (a format taking the value's description).
+func (d *decoder) scalarPairs(path string, n *yaml.Node, notScalar string, fn func(key, kpath string, v *yaml.Node)) {
 	if n.Kind != yaml.MappingNode {
 		d.fail(path, n, "expected a mapping of names to values, got %s", describe(n))
 		return
 	}
-	out := Attributes{}
 	for _, p := range d.pairs(path, n) {
 		v := resolveAlias(p.val)
 		kpath := joinPath(path, p.key.Value)
@@ -694,14 +709,11 @@ func (a *Attributes) decodeYAML(d *decoder, path string, n *yaml.Node) {
 		case p.key.Kind != yaml.ScalarNode:
 			d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
 		case v == nil || v.Kind != yaml.ScalarNode:
-			d.fail(kpath, p.val, "expected a plain value (a string, number or boolean), got %s; nested values are not supported: the node record's attributes map names to strings", describe(p.val))
-		case isNull(v):
-			out[p.key.Value] = ""
+			d.fail(kpath, p.val, notScalar, describe(p.val))
 		default:
-			out[p.key.Value] = v.Value
+			fn(p.key.Value, kpath, v)
 		}
 	}
-	*a = out
 }
 
 // Tags is a mapping of names to values that Nodepool hands to a cloud as
@@ -712,27 +724,14 @@ func (a *Attributes) decodeYAML(d *decoder, path string, n *yaml.Node) {
 type Tags map[string]string
 
 func (t *Tags) decodeYAML(d *decoder, path string, n *yaml.Node) {
-	if n.Kind != yaml.MappingNode {
-		d.fail(path, n, "expected a mapping of names to values, got %s", describe(n))
-		return
-	}
 	out := Tags{}
-	for _, p := range d.pairs(path, n) {
-		v := resolveAlias(p.val)
-		kpath := joinPath(path, p.key.Value)
-		switch {
-		case p.key.Kind != yaml.ScalarNode:
-			d.fail(path, p.key, "expected a plain key, got %s", describe(p.key))
-		case v == nil || v.Kind != yaml.ScalarNode:
-			d.fail(kpath, p.val, "expected a string, got %s", describe(p.val))
-		default:
-			s, converted := pythonStr(v)
-			if converted {
-				d.warn(kpath, v, "%s is sent as the string %q, the text Python makes of it, as Nodepool does; quote the value to choose its text", describe(v), s)
-			}
-			out[p.key.Value] = s
+	d.scalarPairs(path, n, "expected a string, got %s", func(key, kpath string, v *yaml.Node) {
+		s, converted := pythonStr(v)
+		if converted {
+			d.warn(kpath, v, "%s is sent as the string %q, the text Python makes of it, as Nodepool does; quote the value to choose its text", describe(v), s)
 		}
-	}
+		out[key] = s
+	})
 	*t = out
 }
 
