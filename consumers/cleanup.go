@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -277,50 +278,22 @@ func (c *cleanup) revisit(ctx context.Context) {
 // max-hold-age, in-use nodes whose holder let lease_until pass.
 func (c *cleanup) expire(ctx context.Context) {
 	l := c.l
-	now := time.Now().UTC()
-	maxReady := map[string]time.Duration{}
-	for _, lb := range l.config().Labels {
-		if lb.MaxReadyAge > 0 {
-			maxReady[lb.Name] = lb.MaxReadyAge.D()
-		}
-	}
-	expired := func(n *kv.Node) string {
-		switch n.State {
-		case kv.NodeReady:
-			if len(n.Labels) > 0 && n.AllocatedTo == "" {
-				if age, ok := maxReady[n.Labels[0]]; ok && now.Sub(n.StateTime) > age {
-					return fmt.Sprintf("ready for longer than max-ready-age %s", age)
-				}
-			}
-		case kv.NodeHold:
-			if n.HoldExpiration != nil && now.After(*n.HoldExpiration) {
-				return "hold expired at " + n.HoldExpiration.Format(time.RFC3339)
-			}
-			if age := l.config().MaxHoldAge.D(); age > 0 && now.Sub(n.StateTime) > age {
-				return fmt.Sprintf("held for longer than max-hold-age %s", age)
-			}
-		case kv.NodeInUse:
-			if n.LeaseUntil != nil && now.After(*n.LeaseUntil) {
-				return "lease of " + n.Holder + " ran out at " + n.LeaseUntil.Format(time.RFC3339)
-			}
-		}
-		return ""
-	}
+	ex := newExpiry(l.config(), time.Now().UTC())
 	var due []string
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-		if expired(&e.Value) != "" {
+		if ex.why(&e.Value) != "" {
 			due = append(due, e.Key)
 		}
 		return true
 	})
 	for _, id := range due {
 		_, err := l.nodes.Modify(ctx, id, func(n *kv.Node) error {
-			why := expired(n)
+			why := ex.why(n)
 			if why == "" {
 				return kv.ErrSkip
 			}
 			l.log.Info("deleting node", "node", id, "state", n.State, "why", why)
-			n.SetState(kv.NodeDeleting, now)
+			n.SetState(kv.NodeDeleting, ex.now)
 			n.Launcher, n.DriverData, n.Reason = "", nil, why
 			return nil
 		})
@@ -328,6 +301,55 @@ func (c *cleanup) expire(ctx context.Context) {
 			l.log.Warn("could not delete expired node", "node", id, "err", err)
 		}
 	}
+}
+
+// expiry tells which nodes are past their time at one instant.
+type expiry struct {
+	now        time.Time
+	maxReady   map[string]time.Duration // label -> max-ready-age
+	maxHoldAge time.Duration
+}
+
+func newExpiry(cfg *config.Config, now time.Time) expiry {
+	ex := expiry{now: now, maxReady: map[string]time.Duration{}, maxHoldAge: cfg.MaxHoldAge.D()}
+	for _, lb := range cfg.Labels {
+		if lb.MaxReadyAge > 0 {
+			ex.maxReady[lb.Name] = lb.MaxReadyAge.D()
+		}
+	}
+	return ex
+}
+
+// why says why a node is past its time, or "" if it is not.
+func (ex expiry) why(n *kv.Node) string {
+	switch n.State {
+	case kv.NodeReady:
+		return ex.readyTooLong(n)
+	case kv.NodeHold:
+		if n.HoldExpiration != nil && ex.now.After(*n.HoldExpiration) {
+			return "hold expired at " + n.HoldExpiration.Format(time.RFC3339)
+		}
+		if ex.maxHoldAge > 0 && ex.now.Sub(n.StateTime) > ex.maxHoldAge {
+			return fmt.Sprintf("held for longer than max-hold-age %s", ex.maxHoldAge)
+		}
+	case kv.NodeInUse:
+		if n.LeaseUntil != nil && ex.now.After(*n.LeaseUntil) {
+			return "lease of " + n.Holder + " ran out at " + n.LeaseUntil.Format(time.RFC3339)
+		}
+	}
+	return ""
+}
+
+// readyTooLong: an unallocated ready node older than its label's
+// max-ready-age.
+func (ex expiry) readyTooLong(n *kv.Node) string {
+	if len(n.Labels) == 0 || n.AllocatedTo != "" {
+		return ""
+	}
+	if age, ok := ex.maxReady[n.Labels[0]]; ok && ex.now.Sub(n.StateTime) > age {
+		return fmt.Sprintf("ready for longer than max-ready-age %s", age)
+	}
+	return ""
 }
 
 // expireRequests deletes requests whose lease ran out (their requestor
@@ -380,14 +402,24 @@ func failedLongAgo(r *kv.Request, now time.Time, age time.Duration) bool {
 // requests fails waiting requests that every live pool declined and puts
 // back requests pending in pools nobody serves any more.
 func (c *cleanup) requests(ctx context.Context) {
-	l := c.l
-	live := l.livePools()
+	live := c.l.livePools()
 	if len(live) == 0 {
 		return
 	}
-	var declined, orphaned []string
+	declined, orphaned := c.requestsToEnd(live)
+	for _, id := range declined {
+		c.failDeclined(ctx, id)
+	}
+	for _, id := range orphaned {
+		c.putBack(ctx, id)
+	}
+}
+
+// requestsToEnd lists the waiting requests every live pool declined, and
+// the requests pending in a pool nobody served at the last sweep either.
+func (c *cleanup) requestsToEnd(live map[string]kv.ComponentPool) (declined, orphaned []string) {
 	seenOrphan := map[string]bool{}
-	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	c.l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		r := e.Value
 		switch r.State {
 		case kv.RequestRequested:
@@ -413,33 +445,40 @@ func (c *cleanup) requests(ctx context.Context) {
 	for ref := range seenOrphan {
 		c.orphanPools[ref]++
 	}
-	for _, id := range declined {
-		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
-			if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
-				return kv.ErrSkip
-			}
-			return nil
-		})
-		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
-			l.log.Warn("could not fail a request every live pool declined", "request", id, "err", err)
+	return declined, orphaned
+}
+
+// failDeclined fails a waiting request every live pool declined.
+func (c *cleanup) failDeclined(ctx context.Context, id string) {
+	l := c.l
+	_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
+			return kv.ErrSkip
 		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		l.log.Warn("could not fail a request every live pool declined", "request", id, "err", err)
 	}
-	for _, id := range orphaned {
-		_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
-			if r.State != kv.RequestPending {
-				return kv.ErrSkip
-			}
-			if _, ok := l.livePools()[kv.PoolRef(r.Provider, r.Pool)]; ok {
-				return kv.ErrSkip
-			}
-			l.log.Info("request pending in a pool nobody serves; putting it back", "request", r.ID, "pool", kv.PoolRef(r.Provider, r.Pool))
-			r.SetState(kv.RequestRequested, time.Now().UTC())
-			r.Provider, r.Pool, r.Nodes = "", "", []string{}
-			return nil
-		})
-		if err != nil && !errors.Is(err, kv.ErrSkip) && ctx.Err() == nil {
-			l.log.Warn("could not put back request", "request", id, "err", err)
+}
+
+// putBack puts a request pending in a pool nobody serves back in line.
+func (c *cleanup) putBack(ctx context.Context, id string) {
+	l := c.l
+	_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
+		if r.State != kv.RequestPending {
+			return kv.ErrSkip
 		}
+		if _, ok := l.livePools()[kv.PoolRef(r.Provider, r.Pool)]; ok {
+			return kv.ErrSkip
+		}
+		l.log.Info("request pending in a pool nobody serves; putting it back", "request", r.ID, "pool", kv.PoolRef(r.Provider, r.Pool))
+		r.SetState(kv.RequestRequested, time.Now().UTC())
+		r.Provider, r.Pool, r.Nodes = "", "", []string{}
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && ctx.Err() == nil {
+		l.log.Warn("could not put back request", "request", id, "err", err)
 	}
 }
 
@@ -583,22 +622,8 @@ func (c *cleanup) interruptions(ctx context.Context, provider string, drv driver
 			if n.ExternalID != in.ExternalID {
 				return kv.ErrSkip
 			}
-			replace := n.State == kv.NodeReady && n.AllocatedTo == ""
-			if n.State == kv.NodeReady && n.AllocatedTo != "" {
-				r, ok := l.requests.Get(n.AllocatedTo)
-				replace = !ok || r.Value.State == kv.RequestPending
-			}
-			switch {
-			case replace:
-				action = "replaced"
-				l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", in.Reason)
-				n.SetState(kv.NodeDeleting, time.Now().UTC())
-				n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", in.Reason
-			case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != in.Reason:
-				action = "told"
-				l.log.Info("the cloud takes back the instance of a node in use", "node", n.ID, "external_id", n.ExternalID, "state", n.State, "why", in.Reason)
-				n.Reason = in.Reason
-			default:
+			action = c.interrupted(n, in.Reason)
+			if action == "" {
 				return kv.ErrSkip
 			}
 			return nil
@@ -609,4 +634,28 @@ func (c *cleanup) interruptions(ctx context.Context, provider string, drv driver
 			l.log.Warn("could not act on an interruption", "node", in.NodeID, "err", err)
 		}
 	}
+}
+
+// interrupted changes a node whose instance the cloud takes back: a ready
+// node nobody waits for is replaced, a node in use is told. It returns
+// what it did ("replaced", "told"), or "" when the node needs nothing.
+func (c *cleanup) interrupted(n *kv.Node, why string) string {
+	l := c.l
+	replace := n.State == kv.NodeReady && n.AllocatedTo == ""
+	if n.State == kv.NodeReady && n.AllocatedTo != "" {
+		r, ok := l.requests.Get(n.AllocatedTo)
+		replace = !ok || r.Value.State == kv.RequestPending
+	}
+	switch {
+	case replace:
+		l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", why)
+		n.SetState(kv.NodeDeleting, time.Now().UTC())
+		n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", why
+		return "replaced"
+	case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != why:
+		l.log.Info("the cloud takes back the instance of a node in use", "node", n.ID, "external_id", n.ExternalID, "state", n.State, "why", why)
+		n.Reason = why
+		return "told"
+	}
+	return ""
 }

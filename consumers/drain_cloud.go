@@ -394,39 +394,54 @@ func (t *drainTerm) forget(ctx context.Context, provider, why string) {
 // records are removed instead); said so in the log.
 func (t *drainTerm) problem(ctx context.Context, provider, text string, abandoned bool) {
 	text = firstLine(text)
-	now := time.Now()
+	since, started, logIt := t.noteProblem(provider, text, time.Now())
+	if logIt {
+		t.l.log.Warn(problemWords(started, abandoned), "provider", provider, "problem", text, "since", since.UTC().Format(time.RFC3339))
+	}
+	t.recordProblem(ctx, provider, text, since, logIt)
+}
+
+// noteProblem remembers a provider's problem and tells since when it
+// lasts, whether it started now and whether it is time to log it.
+func (t *drainTerm) noteProblem(provider, text string, now time.Time) (since time.Time, started, logIt bool) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	p := t.problems[provider]
-	started := p == nil
+	started = p == nil
 	if started {
 		p = &drainProblem{since: now}
 		t.problems[provider] = p
 	}
-	logIt := started || now.Sub(p.logged) >= problemLogEvery
+	logIt = started || now.Sub(p.logged) >= problemLogEvery
 	if logIt {
 		p.logged = now
 	}
 	p.text = text
-	since := p.since
 	t.countLocked()
-	t.mu.Unlock()
-	if logIt {
-		what := "cannot drain a removed provider; its drain waits (`nodepool erase` gives it up)"
-		switch {
-		case abandoned && started:
-			what = "cannot drain a removed provider in the cloud; removing its records as they are freed"
-		case abandoned:
-			what = "still removing the records of a removed provider that cannot be drained in the cloud"
-		case !started:
-			what = "still cannot drain a removed provider"
-		}
-		t.l.log.Warn(what, "provider", provider, "problem", text, "since", since.UTC().Format(time.RFC3339))
+	return p.since, started, logIt
+}
+
+// problemWords is what the log says of a drain's problem.
+func problemWords(started, abandoned bool) string {
+	switch {
+	case abandoned && started:
+		return "cannot drain a removed provider in the cloud; removing its records as they are freed"
+	case abandoned:
+		return "still removing the records of a removed provider that cannot be drained in the cloud"
+	case !started:
+		return "still cannot drain a removed provider"
 	}
+	return "cannot drain a removed provider; its drain waits (`nodepool erase` gives it up)"
+}
+
+// recordProblem writes a drain's problem in the provider's record when it
+// starts, and when it changed, at most every problemLogEvery (due).
+func (t *drainTerm) recordProblem(ctx context.Context, provider, text string, since time.Time, due bool) {
 	if t.d.records == nil {
 		return
 	}
 	e, ok := t.d.records.Get(kv.ProviderKey(provider))
-	if !ok || e.Value.Problem == text || (e.Value.Problem != "" && !logIt) {
+	if !ok || e.Value.Problem == text || (e.Value.Problem != "" && !due) {
 		return
 	}
 	_, err := t.d.records.Modify(ctx, kv.ProviderKey(provider), func(cur *kv.ProviderRecord) error {

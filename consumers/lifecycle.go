@@ -1,6 +1,7 @@
 package consumers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -207,55 +208,23 @@ func (l *Launcher) needsWork(n *kv.Node) bool {
 func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
 	// Act on the newest record this process has seen: the change may be
 	// older than what the cache already holds.
-	if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
-		e = cur
-	}
-	n := &e.Value
-	me := lc.l.opts.ID
+	e = lc.newest(e)
 	if r := lc.running(e.Key); r != nil {
-		if n.Launcher == me && (n.State == r.state || n.State == lc.wrote(r)) {
+		if lc.ownWrite(r, &e.Value) {
 			// The machine's own write (ending the launch, say: it looks
 			// at the node again when it returns), or nothing it must know.
 			return nil
 		}
-		// The node was taken from the machine (an operator deleted it,
-		// cleanup handed it to another process, the launch ended): stop
-		// the machine before anything else happens to the node, so that
-		// the change is acknowledged only once its next owner is recorded.
-		r.cancel()
-		select {
-		case <-r.done:
-		case <-time.After(machineStopWait):
-			return errMachineStopping
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := lc.stopMachine(ctx, r); err != nil {
+			return err
 		}
-		if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
-			e = cur
-		}
-		if orphan == "" {
-			orphan = r.orphan
-		}
+		e = lc.newest(e)
+		orphan = cmp.Or(orphan, r.orphan)
 	}
-	if !lc.l.needsWork(n) {
-		return nil
-	}
-	if (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && n.Launcher != "" && n.Launcher != me && !lc.l.gone(ctx, n.Launcher) {
-		return nil // its launcher lives: the cache was behind
-	}
-	if lc.l.fenced() {
-		return errFenced
-	}
-	if lc.quarantined(e.Key) {
-		return errQuarantined
-	}
-	drv, draining, ok := lc.l.driverOf(n.Provider)
-	if !ok || (n.State == kv.NodeBuilding && (draining || !lc.l.launchable(n))) {
-		// Launchers may run different configurations: leave the node to
-		// one that has its provider, pool and label. A removed provider's
-		// driver deletes only, and a removed pool or label launches
-		// nothing more (drain.go).
-		return errNotMine
+	n := &e.Value
+	drv, draining, err := lc.mayClaim(ctx, e)
+	if err != nil || drv == nil {
+		return err
 	}
 	slot := false // a launch slot taken for this node
 	defer func() {
@@ -263,21 +232,93 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 			lc.release(n.Provider)
 		}
 	}()
-	switch n.State {
-	case kv.NodeBuilding:
-		if n.Launcher != me {
-			// Take a launch slot before claiming, so that a process never
-			// claims more launches than it runs.
-			if !lc.tryAcquire(n.Provider) {
-				return errFull
-			}
-			slot = true
+	switch {
+	case n.State == kv.NodeBuilding && n.Launcher != lc.l.opts.ID:
+		// Take a launch slot before claiming, so that a process never
+		// claims more launches than it runs.
+		if !lc.tryAcquire(n.Provider) {
+			return errFull
 		}
-	case kv.NodeUsed:
-		if reg, ok := drivers.As[drivers.Registrar](drv); ok && !draining {
+		slot = true
+	case n.State == kv.NodeUsed && !draining:
+		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
 			return lc.reregister(ctx, e.Key, reg)
 		}
 	}
+	claimed, err := lc.claim(ctx, e, orphan)
+	if err != nil || claimed == nil {
+		return err
+	}
+	lc.launch(*claimed, slot)
+	slot = false // launch owns it now
+	return nil
+}
+
+// newest is the newer of a node's change and what the cache holds.
+func (lc *lifecycle) newest(e kv.Entry[kv.Node]) kv.Entry[kv.Node] {
+	if cur, ok := lc.l.nodes.Get(e.Key); ok && cur.Revision > e.Revision {
+		return cur
+	}
+	return e
+}
+
+// ownWrite tells whether a change of a node is its running machine's own
+// doing, or nothing the machine must know.
+func (lc *lifecycle) ownWrite(r *run, n *kv.Node) bool {
+	return n.Launcher == lc.l.opts.ID && (n.State == r.state || n.State == lc.wrote(r))
+}
+
+// stopMachine stops a machine whose node was taken from it (an operator
+// deleted it, cleanup handed it to another process, the launch ended)
+// before anything else happens to the node, so that the change is
+// acknowledged only once its next owner is recorded.
+func (lc *lifecycle) stopMachine(ctx context.Context, r *run) error {
+	r.cancel()
+	select {
+	case <-r.done:
+		return nil
+	case <-time.After(machineStopWait):
+		return errMachineStopping
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// mayClaim tells whether this process may claim a node for the work it
+// needs, and gives the driver of its provider and whether that provider
+// is draining. A nil driver and error: the node needs nothing from here.
+func (lc *lifecycle) mayClaim(ctx context.Context, e kv.Entry[kv.Node]) (drivers.Provider, bool, error) {
+	n := &e.Value
+	if !lc.l.needsWork(n) {
+		return nil, false, nil
+	}
+	if (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting) && n.Launcher != "" && n.Launcher != lc.l.opts.ID && !lc.l.gone(ctx, n.Launcher) {
+		return nil, false, nil // its launcher lives: the cache was behind
+	}
+	if lc.l.fenced() {
+		return nil, false, errFenced
+	}
+	if lc.quarantined(e.Key) {
+		return nil, false, errQuarantined
+	}
+	drv, draining, ok := lc.l.driverOf(n.Provider)
+	if !ok || (n.State == kv.NodeBuilding && (draining || !lc.l.launchable(n))) {
+		// Launchers may run different configurations: leave the node to
+		// one that has its provider, pool and label. A removed provider's
+		// driver deletes only, and a removed pool or label launches
+		// nothing more (drain.go).
+		return nil, false, errNotMine
+	}
+	return drv, draining, nil
+}
+
+// claim names this process the node's launcher with a revision-checked
+// update (a used or failed node becomes deleting). It returns the claimed
+// record, nil if there is nothing to claim, or the error of a claim that
+// must be tried again.
+func (lc *lifecycle) claim(ctx context.Context, e kv.Entry[kv.Node], orphan string) (*kv.Entry[kv.Node], error) {
+	me := lc.l.opts.ID
+	n := &e.Value
 	state, launcher := n.State, n.Launcher
 	claimed, err := lc.l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
 		if cur.State != state || (cur.Launcher != launcher && cur.Launcher != me) {
@@ -293,32 +334,31 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		}
 		return nil
 	})
-	if errors.Is(err, kv.ErrSkip) && claimed.Value.Launcher == me &&
-		(claimed.Value.State == kv.NodeBuilding || claimed.Value.State == kv.NodeDeleting) {
+	switch {
+	case errors.Is(err, kv.ErrSkip) && claimedEarlier(claimed.Value, me):
 		// An earlier claim of this process whose answer did not come in
 		// time landed all the same (a loaded cluster): the node is ours,
 		// and no later change of it may come to this process to say so.
-		lc.launch(claimed, slot)
-		slot = false
-		return nil
-	}
-	if err != nil {
-		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
-			return nil
-		}
+		return &claimed, nil
+	case errors.Is(err, kv.ErrSkip), errors.Is(err, kv.ErrNotFound):
+		return nil, nil
+	case err != nil:
 		lc.l.log.Warn("could not claim node", "node", e.Key, "err", err)
 		if errors.Is(err, kv.ErrBadRecord) {
-			return nil // the change that made it so is handled on its own
+			return nil, nil // the change that made it so is handled on its own
 		}
-		return err
+		return nil, err
 	}
 	if state == kv.NodeUsed {
 		lc.l.log.Info("node returned", "node", e.Key, "provider", n.Provider, "pool", n.Pool,
 			"label", createRequest(n).Label, "request", n.AllocatedTo, "holder", n.Holder)
 	}
-	lc.launch(claimed, slot)
-	slot = false // launch owns it now
-	return nil
+	return &claimed, nil
+}
+
+// claimedEarlier: the node is already this process's to create or delete.
+func claimedEarlier(n kv.Node, me string) bool {
+	return n.Launcher == me && (n.State == kv.NodeBuilding || n.State == kv.NodeDeleting)
 }
 
 // reregister puts a used node of a Registrar driver (a static host) back in

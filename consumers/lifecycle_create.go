@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -31,160 +32,224 @@ func createRequest(n *kv.Node) drivers.CreateRequest {
 // Stopped (its context ended, or the node no longer its own), it returns
 // the instance its machine made, which the node may not record yet.
 func (lc *lifecycle) runCreate(ctx context.Context, e kv.Entry[kv.Node], u providerUse) (orphan string) {
-	l := lc.l
-	id := e.Key
-	n := e.Value
-	prov, drv := u.cfg, u.drv
-	log := l.log.With("node", id, "provider", n.Provider, "pool", n.Pool)
-	if !l.launchable(&n) {
-		// A reload removed its pool or label since it was claimed: a
-		// launcher that has them launches it, else the drain deletes it
-		// (drain.go).
-		lc.handOverNode(ctx, id, "launch not started: its pool or label is no longer in this launcher's configuration; handing the node over")
-		return ""
-	}
-	if n.Attempt == 0 {
-		n.Attempt = 1
-	}
-	what := "launch started"
-	if (len(n.DriverData) > 0 && string(n.DriverData) != "null") || n.ExternalID != "" || n.Attempt > 1 {
-		what = "launch resumed"
-	}
-	log.Info(what, "label", createRequest(&n).Label, "request", n.AllocatedTo, "attempt", n.Attempt)
-	sm, err := drv.Create(l.createRequest(&n), n.DriverData)
-	if err != nil {
-		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+	c, ok := lc.startCreate(ctx, e, u)
+	if !ok {
 		return ""
 	}
 	defer func() {
 		if ctx.Err() != nil {
-			orphan = sm.ExternalID() // stopped: the instance may be unrecorded
+			orphan = c.sm.ExternalID() // stopped: the instance may be unrecorded
 		}
 	}()
-	// A driver whose creates are idempotent resumes from scratch: its
-	// progress need not be recorded step by step.
-	_, idempotent := drivers.As[drivers.Idempotent](drv)
-	attemptStart := time.Now()
-	saved := n.DriverData
-	savedAttempt := e.Value.Attempt
-	waits := 0
 	for ctx.Err() == nil {
-		var attemptErr error
-		if !lc.mayDrive(id, kv.NodeBuilding) {
-			return sm.ExternalID() // fenced, or the node was taken: no cloud call
-		}
-		step, err := sm.Advance(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil && (errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)):
-			// Not a failed attempt: wait for room and try the step again,
-			// saying why on the node (once per wait).
-			log.Info("cloud asks to wait", "err", err)
-			l.metrics.CloudWait(n.Provider, drivers.ErrorKind(err))
-			if waits == 0 {
-				why := "waiting: " + err.Error()
-				if _, uerr := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
-					lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, uerr)
-					return ""
-				}
-			}
-			if !wait.Sleep(ctx, max(wait.Backoff(waits), drivers.RetryAfter(err))) {
-				return
-			}
-			waits++
-			continue
-		case err != nil && errors.Is(err, drivers.ErrUncertain) && time.Since(attemptStart) <= prov.BootTimeout.D():
-			// The step may have taken effect: make it again, as it is
-			// safe to, rather than start another attempt.
-			log.Warn("cloud call of unknown outcome; making the step again", "err", err)
-			if !wait.Sleep(ctx, min(wait.Backoff(waits), 2*time.Second)) {
-				return
-			}
-			waits++
-			continue
-		case err != nil:
-			attemptErr = err
-		case !step.Done && time.Since(attemptStart) > prov.BootTimeout.D():
-			attemptErr = bootTimeout{prov.BootTimeout.D()}
-		}
-		waits = 0
-		if attemptErr != nil {
-			l.metrics.AttemptFailed(n.Provider, createRequest(&n).Label, failureKind(attemptErr))
-			if d, ok := drivers.As[drivers.Diagnoser](drv); ok && sm.ExternalID() != "" {
-				if more := d.Diagnose(ctx, l.createRequest(&n), sm.ExternalID()); more != "" {
-					attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
-				}
-			}
-			log.Warn("launch attempt failed", "attempt", n.Attempt, "err", attemptErr)
-			if !lc.mayDrive(id, kv.NodeBuilding) {
-				return sm.ExternalID()
-			}
-			if !lc.deleteInstance(ctx, drv, sm.ExternalID(), nil) {
-				return
-			}
-			if n.Attempt >= prov.LaunchRetries || time.Since(n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
-				lc.failLaunch(ctx, &n, fmt.Errorf("launch failed after %d attempt(s): %w", n.Attempt, attemptErr))
-				return
-			}
-			if !l.launchable(&n) {
-				// A reload removed its pool or label meanwhile: no other
-				// attempt here (as above).
-				lc.handOverNode(ctx, id, "launch not tried again: its pool or label is no longer in this launcher's configuration; handing the node over")
-				return ""
-			}
-			next := n.Attempt + 1
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
-			})
-			if err != nil {
-				return ""
-			}
-			n = ne.Value
-			if sm, err = drv.Create(l.createRequest(&n), nil); err != nil {
-				lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
-				return
-			}
-			saved, savedAttempt, attemptStart = nil, n.Attempt, time.Now()
-			continue
-		}
-		if step.Done {
-			inst := step.Instance
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				l.fillFromInstance(x, inst, prov)
-				x.DriverData = sm.State()
-				x.Attempt = n.Attempt
-				x.Reason = ""
-				x.SetState(kv.NodeReady, time.Now().UTC())
-			})
-			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
-				return ""
-			}
-			l.launchEnded(&ne.Value, metrics.LaunchReady)
-			log.Info("node ready", "label", createRequest(&ne.Value).Label, "request", ne.Value.AllocatedTo,
-				"external_id", ne.Value.ExternalID, "az", ne.Value.AZ, "took", time.Since(ne.Value.Created).Round(time.Millisecond))
-			return
-		}
-		if st := sm.State(); n.Attempt != savedAttempt || (!idempotent && !bytes.Equal(st, saved)) {
-			ext := sm.ExternalID()
-			ne, err := lc.update(ctx, id, kv.NodeBuilding, func(x *kv.Node) {
-				x.DriverData, x.ExternalID, x.Attempt = st, ext, n.Attempt
-			})
-			if err != nil {
-				lc.lostDuringCreate(ctx, id, drv, sm, n.Attempt, err)
-				return ""
-			}
-			n = ne.Value
-			saved, savedAttempt = st, n.Attempt
-		}
-		// Wait as the machine asks, but wake for the boot-timeout.
-		untilTimeout := prov.BootTimeout.D() - time.Since(attemptStart) + time.Millisecond
-		if !wait.Sleep(ctx, max(0, min(step.Wait, 2*time.Second, untilTimeout))) {
-			return
+		if stop, orphan := c.step(ctx); stop {
+			return orphan
 		}
 	}
-	return sm.ExternalID()
+	return c.sm.ExternalID()
+}
+
+// createRun is one run of a node's create machine in this process: what
+// the loop of runCreate carries from one step to the next.
+type createRun struct {
+	lc  *lifecycle
+	id  string
+	n   kv.Node // the record as this run last wrote or read it
+	u   providerUse
+	log *slog.Logger
+	sm  drivers.StateMachine
+
+	// idempotent: a driver whose creates are idempotent resumes from
+	// scratch, so its progress need not be recorded step by step.
+	idempotent   bool
+	attemptStart time.Time
+	saved        []byte // the driver data last recorded
+	savedAttempt int    // the attempt last recorded
+	waits        int    // steps waited for in a row (backoff)
+}
+
+// startCreate sets up the run of a claimed node's create machine, or
+// hands the node over or fails it when it cannot start here.
+func (lc *lifecycle) startCreate(ctx context.Context, e kv.Entry[kv.Node], u providerUse) (*createRun, bool) {
+	l := lc.l
+	n := e.Value
+	if !l.launchable(&n) {
+		// A reload removed its pool or label since it was claimed: a
+		// launcher that has them launches it, else the drain deletes it
+		// (drain.go).
+		lc.handOverNode(ctx, e.Key, "launch not started: its pool or label is no longer in this launcher's configuration; handing the node over")
+		return nil, false
+	}
+	n.Attempt = max(n.Attempt, 1)
+	c := &createRun{
+		lc: lc, id: e.Key, n: n, u: u,
+		log:          l.log.With("node", e.Key, "provider", n.Provider, "pool", n.Pool),
+		attemptStart: time.Now(), saved: n.DriverData, savedAttempt: e.Value.Attempt,
+	}
+	_, c.idempotent = drivers.As[drivers.Idempotent](u.drv)
+	what := "launch started"
+	if (len(n.DriverData) > 0 && string(n.DriverData) != "null") || n.ExternalID != "" || n.Attempt > 1 {
+		what = "launch resumed"
+	}
+	c.log.Info(what, "label", createRequest(&n).Label, "request", n.AllocatedTo, "attempt", n.Attempt)
+	sm, err := u.drv.Create(l.createRequest(&n), n.DriverData)
+	if err != nil {
+		lc.failLaunch(ctx, &n, fmt.Errorf("cannot start the create machine: %w", err))
+		return nil, false
+	}
+	c.sm = sm
+	return c, true
+}
+
+// step advances the machine once and does what its answer calls for. It
+// tells whether the run is over and, if so, the instance the run made
+// that the node may not record.
+func (c *createRun) step(ctx context.Context) (stop bool, orphan string) {
+	if !c.lc.mayDrive(c.id, kv.NodeBuilding) {
+		return true, c.sm.ExternalID() // fenced, or the node was taken: no cloud call
+	}
+	st, err := c.sm.Advance(ctx)
+	switch {
+	case ctx.Err() != nil:
+		return true, ""
+	case err != nil && isCloudWait(err):
+		return c.cloudWait(ctx, err)
+	case err != nil && errors.Is(err, drivers.ErrUncertain) && c.withinBootTimeout():
+		// The step may have taken effect: make it again, as it is safe
+		// to, rather than start another attempt.
+		c.log.Warn("cloud call of unknown outcome; making the step again", "err", err)
+		return c.pause(ctx, min(wait.Backoff(c.waits), 2*time.Second))
+	case err == nil && !st.Done && !c.withinBootTimeout():
+		err = bootTimeout{c.u.cfg.BootTimeout.D()}
+	}
+	c.waits = 0
+	switch {
+	case err != nil:
+		return c.attemptFailed(ctx, err)
+	case st.Done:
+		c.ready(ctx, st.Instance)
+		return true, ""
+	}
+	return c.progress(ctx, st)
+}
+
+// isCloudWait: the cloud asks to wait (quota, rate, capacity), which is
+// not a failed attempt.
+func isCloudWait(err error) bool {
+	return errors.Is(err, drivers.ErrQuotaExceeded) || errors.Is(err, drivers.ErrRateLimited) || errors.Is(err, drivers.ErrCapacity)
+}
+
+func (c *createRun) withinBootTimeout() bool {
+	return time.Since(c.attemptStart) <= c.u.cfg.BootTimeout.D()
+}
+
+// pause waits d before the step is made again.
+func (c *createRun) pause(ctx context.Context, d time.Duration) (stop bool, orphan string) {
+	if !wait.Sleep(ctx, d) {
+		return true, ""
+	}
+	c.waits++
+	return false, ""
+}
+
+// cloudWait waits for room and has the step made again, saying why on the
+// node (once per wait).
+func (c *createRun) cloudWait(ctx context.Context, err error) (stop bool, orphan string) {
+	c.log.Info("cloud asks to wait", "err", err)
+	c.lc.l.metrics.CloudWait(c.n.Provider, drivers.ErrorKind(err))
+	if c.waits == 0 {
+		why := "waiting: " + err.Error()
+		if _, uerr := c.lc.update(ctx, c.id, kv.NodeBuilding, func(x *kv.Node) { x.Reason = why }); uerr != nil {
+			c.lc.lostDuringCreate(ctx, c.id, c.u.drv, c.sm, c.n.Attempt, uerr)
+			return true, ""
+		}
+	}
+	return c.pause(ctx, max(wait.Backoff(c.waits), drivers.RetryAfter(err)))
+}
+
+// attemptFailed deletes a failed attempt's instance and starts the next
+// attempt, or fails the launch after the last one.
+func (c *createRun) attemptFailed(ctx context.Context, attemptErr error) (stop bool, orphan string) {
+	lc, l, prov := c.lc, c.lc.l, c.u.cfg
+	l.metrics.AttemptFailed(c.n.Provider, createRequest(&c.n).Label, failureKind(attemptErr))
+	if d, ok := drivers.As[drivers.Diagnoser](c.u.drv); ok && c.sm.ExternalID() != "" {
+		if more := d.Diagnose(ctx, l.createRequest(&c.n), c.sm.ExternalID()); more != "" {
+			attemptErr = fmt.Errorf("%w\n%s", attemptErr, more)
+		}
+	}
+	c.log.Warn("launch attempt failed", "attempt", c.n.Attempt, "err", attemptErr)
+	if !lc.mayDrive(c.id, kv.NodeBuilding) {
+		return true, c.sm.ExternalID()
+	}
+	if !lc.deleteInstance(ctx, c.u.drv, c.sm.ExternalID(), nil) {
+		return true, ""
+	}
+	if c.n.Attempt >= prov.LaunchRetries || time.Since(c.n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
+		lc.failLaunch(ctx, &c.n, fmt.Errorf("launch failed after %d attempt(s): %w", c.n.Attempt, attemptErr))
+		return true, ""
+	}
+	if !l.launchable(&c.n) {
+		// A reload removed its pool or label meanwhile: no other attempt
+		// here (as in startCreate).
+		lc.handOverNode(ctx, c.id, "launch not tried again: its pool or label is no longer in this launcher's configuration; handing the node over")
+		return true, ""
+	}
+	next := c.n.Attempt + 1
+	ne, err := lc.update(ctx, c.id, kv.NodeBuilding, func(x *kv.Node) {
+		x.Attempt, x.DriverData, x.ExternalID, x.Reason = next, nil, "", attemptErr.Error()
+	})
+	if err != nil {
+		return true, ""
+	}
+	c.n = ne.Value
+	if c.sm, err = c.u.drv.Create(l.createRequest(&c.n), nil); err != nil {
+		lc.failLaunch(ctx, &c.n, fmt.Errorf("cannot start the create machine: %w", err))
+		return true, ""
+	}
+	c.saved, c.savedAttempt, c.attemptStart = nil, c.n.Attempt, time.Now()
+	return false, ""
+}
+
+// ready records the instance the machine made and the node ready.
+func (c *createRun) ready(ctx context.Context, inst *drivers.Instance) {
+	l := c.lc.l
+	attempt := c.n.Attempt
+	ne, err := c.lc.update(ctx, c.id, kv.NodeBuilding, func(x *kv.Node) {
+		l.fillFromInstance(x, inst, c.u.cfg)
+		x.DriverData = c.sm.State()
+		x.Attempt = attempt
+		x.Reason = ""
+		x.SetState(kv.NodeReady, time.Now().UTC())
+	})
+	if err != nil {
+		c.lc.lostDuringCreate(ctx, c.id, c.u.drv, c.sm, attempt, err)
+		return
+	}
+	l.launchEnded(&ne.Value, metrics.LaunchReady)
+	c.log.Info("node ready", "label", createRequest(&ne.Value).Label, "request", ne.Value.AllocatedTo,
+		"external_id", ne.Value.ExternalID, "az", ne.Value.AZ, "took", time.Since(ne.Value.Created).Round(time.Millisecond))
+}
+
+// progress records the machine's step (unless its driver's creates are
+// idempotent) and waits as the machine asks, waking for the boot-timeout.
+func (c *createRun) progress(ctx context.Context, st drivers.Step) (stop bool, orphan string) {
+	if state := c.sm.State(); c.n.Attempt != c.savedAttempt || (!c.idempotent && !bytes.Equal(state, c.saved)) {
+		ext, attempt := c.sm.ExternalID(), c.n.Attempt
+		ne, err := c.lc.update(ctx, c.id, kv.NodeBuilding, func(x *kv.Node) {
+			x.DriverData, x.ExternalID, x.Attempt = state, ext, attempt
+		})
+		if err != nil {
+			c.lc.lostDuringCreate(ctx, c.id, c.u.drv, c.sm, attempt, err)
+			return true, ""
+		}
+		c.n = ne.Value
+		c.saved, c.savedAttempt = state, c.n.Attempt
+	}
+	untilTimeout := c.u.cfg.BootTimeout.D() - time.Since(c.attemptStart) + time.Millisecond
+	if !wait.Sleep(ctx, max(0, min(st.Wait, 2*time.Second, untilTimeout))) {
+		return true, ""
+	}
+	return false, ""
 }
 
 // bootTimeout: an attempt's instance was not ready within boot-timeout.

@@ -74,80 +74,101 @@ func (lc *lifecycle) advanceDelete(ctx context.Context, sm drivers.StateMachine,
 
 // runDelete deletes a node's instance and then its record.
 func (lc *lifecycle) runDelete(ctx context.Context, e kv.Entry[kv.Node], u providerUse) {
-	l := lc.l
-	id := e.Key
 	n := e.Value
-	drv := u.drv
-	deleteIt, ok := lc.ownsInstance(ctx, drv, id, &n)
+	deleteIt, ok := lc.ownsInstance(ctx, u.drv, e.Key, &n)
 	if !ok {
 		return
 	}
-	if deleteIt {
-		sm, err := drv.Delete(n.ExternalID, n.DriverData)
-		if err != nil {
-			l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
-			sm, err = drv.Delete(n.ExternalID, nil)
-		}
-		if err != nil {
-			// Not an instance the driver can ever delete (an external id
-			// written from outside, say): nothing of ours is there; the
-			// record goes, and an instance tagged with the node, if any,
-			// is deleted by the leak sweep.
-			l.log.Error("cannot start the delete machine; deleting the record without it", "node", id, "external_id", n.ExternalID, "err", err)
-		} else {
-			may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
-			ok := lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
-				_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
-				return err
-			})
-			if !ok {
-				return
-			}
-		}
+	if deleteIt && !lc.deleteNodeInstance(ctx, u.drv, e.Key, &n) {
+		return
 	}
+	lc.deleteRecord(ctx, e.Key, &n)
+}
+
+// deleteNodeInstance runs the delete machine of the instance a node
+// names. It reports whether the record may go now (false: ctx ended or
+// the node is no longer this process's to drive).
+func (lc *lifecycle) deleteNodeInstance(ctx context.Context, drv drivers.Provider, id string, n *kv.Node) bool {
+	l := lc.l
+	sm, err := drv.Delete(n.ExternalID, n.DriverData)
+	if err != nil {
+		l.log.Warn("cannot resume the delete machine; starting it afresh", "node", id, "err", err)
+		sm, err = drv.Delete(n.ExternalID, nil)
+	}
+	if err != nil {
+		// Not an instance the driver can ever delete (an external id
+		// written from outside, say): nothing of ours is there; the
+		// record goes, and an instance tagged with the node, if any, is
+		// deleted by the leak sweep.
+		l.log.Error("cannot start the delete machine; deleting the record without it", "node", id, "external_id", n.ExternalID, "err", err)
+		return true
+	}
+	may := func() bool { return lc.mayDrive(id, kv.NodeDeleting) }
+	return lc.advanceDelete(ctx, sm, may, func(sm drivers.StateMachine) error {
+		_, err := lc.update(ctx, id, kv.NodeDeleting, func(x *kv.Node) { x.DriverData = sm.State() })
+		return err
+	})
+}
+
+// deleteRecord deletes the record of a node whose instance is gone, as
+// long as it is still this process's to delete.
+func (lc *lifecycle) deleteRecord(ctx context.Context, id string, n *kv.Node) {
+	l := lc.l
 	for conflicts := 0; ctx.Err() == nil; {
-		cur, ok := l.nodes.Get(id)
+		cur, ok := lc.currentNode(ctx, id)
 		if !ok {
-			fresh, err := l.b.Nodes.Get(ctx, id)
-			if errors.Is(err, kv.ErrNotFound) {
+			return
+		}
+		if cur == nil {
+			if !wait.Sleep(ctx, time.Second) {
 				return
 			}
-			if err != nil {
-				if !wait.Sleep(ctx, time.Second) {
-					return
-				}
-				continue
-			}
-			cur = fresh
+			continue
 		}
 		if cur.Value.State != kv.NodeDeleting || cur.Value.Launcher != l.opts.ID {
 			return
 		}
 		err := l.b.Nodes.Delete(ctx, id, cur.Revision)
-		if err == nil || errors.Is(err, kv.ErrNotFound) {
+		switch {
+		case err == nil || errors.Is(err, kv.ErrNotFound):
 			label := createRequest(&cur.Value).Label
 			l.metrics.NodeDeleted(n.Provider, label)
 			l.log.Info("node deleted", "node", id, "provider", n.Provider, "pool", n.Pool, "label", label, "external_id", n.ExternalID)
 			return
-		}
-		if errors.Is(err, kv.ErrConflict) {
+		case errors.Is(err, kv.ErrConflict):
 			// Written meanwhile: look again (the record decides whether it
 			// is still this process's to delete), a little later each time.
 			conflicts++
 			if !wait.Sleep(ctx, wait.Conflict(conflicts)) {
 				return
 			}
-			fresh, gerr := l.b.Nodes.Get(ctx, id)
-			if gerr == nil {
+			if fresh, gerr := l.b.Nodes.Get(ctx, id); gerr == nil {
 				l.nodes.Apply(fresh)
 			}
-			continue
-		}
-		l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
-		if !wait.Sleep(ctx, time.Second) {
-			return
+		default:
+			l.log.Warn("could not delete node record; retrying", "node", id, "err", err)
+			if !wait.Sleep(ctx, time.Second) {
+				return
+			}
 		}
 	}
+}
+
+// currentNode is a node's record from the cache, or from the server when
+// the cache has none. ok is false when the node is gone; a nil entry with
+// ok means the server did not answer.
+func (lc *lifecycle) currentNode(ctx context.Context, id string) (*kv.Entry[kv.Node], bool) {
+	if cur, ok := lc.l.nodes.Get(id); ok {
+		return &cur, true
+	}
+	fresh, err := lc.l.b.Nodes.Get(ctx, id)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return nil, false
+	case err != nil:
+		return nil, true
+	}
+	return &fresh, true
 }
 
 // ownsInstance tells whether the instance the node record names is to be

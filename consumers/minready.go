@@ -82,12 +82,21 @@ func (m *minReady) run(ctx context.Context) {
 func MinReadyID(label string, n int) string { return fmt.Sprintf("min-ready-%s-%d", label, n) }
 
 func (m *minReady) pass(ctx context.Context) {
-	l := m.l
-	// Take down finished min-ready requests and count the slots in use.
-	now := time.Now()
-	done := map[string]kv.Entry[kv.Request]{}
-	taken := map[string]int{}
-	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	done, taken := m.requestSlots(time.Now())
+	have := m.readyCount(done)
+	for _, e := range done {
+		m.remove(ctx, e)
+	}
+	for _, lb := range m.l.config().Labels {
+		m.fill(ctx, lb.Name, lb.MinReady, lb.MinReady-have[lb.Name]-taken[lb.Name], done)
+	}
+}
+
+// requestSlots sorts the min-ready requests into those finished, to take
+// down, and the count per label of those still in use.
+func (m *minReady) requestSlots(now time.Time) (done map[string]kv.Entry[kv.Request], taken map[string]int) {
+	done, taken = map[string]kv.Entry[kv.Request]{}, map[string]int{}
+	m.l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		r := &e.Value
 		if r.Requestor != MinReadyRequestor || len(r.Labels) == 0 {
 			return true
@@ -103,9 +112,15 @@ func (m *minReady) pass(ctx context.Context) {
 		}
 		return true
 	})
-	// Count the nodes that are, or are about to be, ready and unallocated.
-	// Nodes of a removed provider, pool or label are being deleted: they
-	// do not count (drain.go).
+	return done, taken
+}
+
+// readyCount counts per label the nodes that are, or are about to be,
+// ready and unallocated (or allocated to a min-ready request taken down).
+// Nodes of a removed provider, pool or label are being deleted: they do
+// not count (drain.go).
+func (m *minReady) readyCount(done map[string]kv.Entry[kv.Request]) map[string]int {
+	l := m.l
 	have := map[string]int{}
 	removed := l.removals()
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
@@ -119,18 +134,19 @@ func (m *minReady) pass(ctx context.Context) {
 		}
 		return true
 	})
-	for _, e := range done {
-		m.remove(ctx, e)
-	}
-	for _, lb := range l.config().Labels {
-		missing := lb.MinReady - have[lb.Name] - taken[lb.Name]
-		for i := 0; missing > 0 && i < lb.MinReady; i++ {
-			if _, released := done[MinReadyID(lb.Name, i)]; released || l.requests.Has(MinReadyID(lb.Name, i)) {
-				continue
-			}
-			if m.file(ctx, lb.Name, i) {
-				missing--
-			}
+	return have
+}
+
+// fill files min-ready requests for the missing nodes of a label, in the
+// free slots among its minReady ones.
+func (m *minReady) fill(ctx context.Context, label string, minReady, missing int, done map[string]kv.Entry[kv.Request]) {
+	for i := 0; missing > 0 && i < minReady; i++ {
+		id := MinReadyID(label, i)
+		if _, released := done[id]; released || m.l.requests.Has(id) {
+			continue
+		}
+		if m.file(ctx, label, i) {
+			missing--
 		}
 	}
 }

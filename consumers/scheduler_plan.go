@@ -1,6 +1,7 @@
 package consumers
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -64,11 +65,29 @@ func (t *term) pass(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	l := t.l
+	t.freeOrphaned(ctx)
+	free := t.freeNodes()
+	room := t.headroom()
+	if t.registered {
+		room.pool = kv.Resources{} // a registered pool never launches
+	}
+	t.recheckPending(ctx, free, room)
+	q := &queue{t: t, free: free, room: room, live: t.l.livePools(),
+		blockedLabels: map[string]string{}, blockedTenants: map[string]string{}}
+	for _, r := range t.waitingRequests() {
+		t.guarded(ctx, r.ID, func() { q.serve(ctx, r) })
+	}
+	if q.paused != t.paused {
+		t.paused = q.paused
+		t.l.setPaused(t.ref, q.paused)
+	}
+}
+
+// freeOrphaned gives back to the pool nodes allocated to requests that are
+// gone, failed, or no longer list them.
+func (t *term) freeOrphaned(ctx context.Context) {
 	ix, jobs := t.idx, t.jobs
 	s := t.scheduler // jobs run beside the loop: they touch no term state
-	// Nodes allocated to requests that are gone, failed, or no longer
-	// list them go back to the pool.
 	for id := range ix.suspects {
 		delete(ix.suspects, id)
 		e, ok := ix.poolNodes[id]
@@ -83,10 +102,16 @@ func (t *term) pass(ctx context.Context) {
 			jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
 		}
 	}
-	free := map[string][]string{} // label -> ready unallocated nodes, oldest first
+}
+
+// freeNodes lists, per label, the ready unallocated nodes no job has
+// reserved, oldest first.
+func (t *term) freeNodes() map[string][]string {
+	ix := t.idx
+	free := map[string][]string{}
 	for label, ids := range ix.free {
 		for id := range ids {
-			if !jobs.reserved[id] {
+			if !t.jobs.reserved[id] {
 				free[label] = append(free[label], id)
 			}
 		}
@@ -94,19 +119,19 @@ func (t *term) pass(ctx context.Context) {
 			return ix.poolNodes[a].Value.StateTime.Compare(ix.poolNodes[b].Value.StateTime)
 		})
 	}
-	room := t.headroom()
-	if t.registered {
-		room.pool = kv.Resources{} // a registered pool never launches
-	}
+	return free
+}
 
-	// Pending requests that something happened to.
+// recheckPending looks at the pending requests that something happened to.
+func (t *term) recheckPending(ctx context.Context, free map[string][]string, room *headroom) {
+	ix := t.idx
 	for id := range ix.dirty {
 		e, ok := ix.pending[id]
 		if !ok {
 			delete(ix.dirty, id)
 			continue
 		}
-		if jobs.busy[id] {
+		if t.jobs.busy[id] {
 			continue // looked at again when its job is done
 		}
 		r := e.Value
@@ -115,76 +140,105 @@ func (t *term) pass(ctx context.Context) {
 			delete(ix.dirty, id)
 		}
 	}
+}
 
+// waitingRequests lists the requests this pool may serve, in order of
+// service.
+func (t *term) waitingRequests() []*kv.Request {
 	var waiting []*kv.Request
 	now := time.Now()
-	for id, e := range ix.waiting {
-		if jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) || requestExpired(&e.Value, now) {
+	for id, e := range t.idx.waiting {
+		if t.jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) || requestExpired(&e.Value, now) {
 			continue // an expired request is deleted by cleanup
 		}
 		r := e.Value
 		waiting = append(waiting, &r)
 	}
 	slices.SortFunc(waiting, requestLess)
+	return waiting
+}
 
-	live := l.livePools()
-	// A request that does not fit waits in its place: it keeps the ready
-	// nodes it would take, and requests behind it for one of its labels (or,
-	// when a tenant limit stops it, of its tenant) wait behind it. Requests
-	// for other labels pass it when they fit.
-	blockedLabels := map[string]string{}  // label -> why the request it waits behind waits
-	blockedTenants := map[string]string{} // tenant -> why the request it waits behind waits
-	paused := false
-	for _, r := range waiting {
-		t.guarded(ctx, r.ID, func() {
-			if why := t.cannotServe(r); why != "" {
-				jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
-				return
-			}
-			if !t.imagesReady(r) {
-				return // waits for an upload of its diskimage; not a decline
-			}
-			if t.deferred(r, live) {
-				return
-			}
-			plan, need := t.plan(r, free, nil)
-			if why := blockedTenants[r.Tenant]; need.Instances > 0 && why != "" {
-				t.waiting(ctx, r, why, true)
-				return
-			}
-			if lb := slices.IndexFunc(r.Labels, func(lb string) bool { return blockedLabels[lb] != "" }); need.Instances > 0 && lb >= 0 {
-				t.waiting(ctx, r, blockedLabels[r.Labels[lb]], true)
-				return
-			}
-			if ok, by := room.fits(r.Tenant, need); !ok {
-				why := t.quotaWait(r, need, by)
-				t.waiting(ctx, r, why, false)
-				if strings.HasPrefix(by, "tenant ") {
-					// Only this tenant's requests wait behind it.
-					blockedTenants[r.Tenant] = why
-					return
-				}
-				for _, lb := range r.Labels {
-					blockedLabels[lb] = why
-				}
-				paused = true
-				return
-			}
-			room.take(r.Tenant, need)
-			jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
-			d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
-			for _, sl := range plan {
-				if sl.reuse {
-					d.reserved = append(d.reserved, sl.node)
-				}
-			}
-			jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
-		})
+// queue serves a pass's waiting requests in order. A request that does not
+// fit waits in its place: it keeps the ready nodes it would take, and
+// requests behind it for one of its labels (or, when a tenant limit stops
+// it, of its tenant) wait behind it. Requests for other labels pass it
+// when they fit.
+type queue struct {
+	t    *term
+	free map[string][]string
+	room *headroom
+	live map[string]kv.ComponentPool
+
+	blockedLabels  map[string]string // label -> why the request it waits behind waits
+	blockedTenants map[string]string // tenant -> why the request it waits behind waits
+	paused         bool              // a request waits for quota
+}
+
+// serve declines a request, leaves it waiting, or starts the job that
+// claims its nodes.
+func (q *queue) serve(ctx context.Context, r *kv.Request) {
+	t := q.t
+	s := t.scheduler
+	if why := t.cannotServe(r); why != "" {
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.decline(ctx, r.ID, why) })
+		return
 	}
-	if paused != t.paused {
-		t.paused = paused
-		l.setPaused(t.ref, paused)
+	if !t.imagesReady(r) {
+		return // waits for an upload of its diskimage; not a decline
 	}
+	if t.deferred(r, q.live) {
+		return
+	}
+	plan, need := t.plan(r, q.free, nil)
+	if why, behind := q.behind(r, need); behind {
+		t.waiting(ctx, r, why, true)
+		return
+	}
+	if ok, by := q.room.fits(r.Tenant, need); !ok {
+		q.block(ctx, r, need, by)
+		return
+	}
+	q.room.take(r.Tenant, need)
+	t.jobs.newNodes[r.ID] = inflight{tenant: r.Tenant, size: need}
+	d := jobDone{keys: []string{r.ID}, request: r.ID, subject: r.ID}
+	for _, sl := range plan {
+		if sl.reuse {
+			d.reserved = append(d.reserved, sl.node)
+		}
+	}
+	t.jobs.spawn(ctx, d, func(ctx context.Context) { s.claim(ctx, r.ID, plan) })
+}
+
+// behind tells whether a request that needs new nodes waits behind an
+// earlier one of its tenant or of one of its labels, and why that one
+// waits.
+func (q *queue) behind(r *kv.Request, need kv.Resources) (string, bool) {
+	if need.Instances <= 0 {
+		return "", false
+	}
+	if why := q.blockedTenants[r.Tenant]; why != "" {
+		return why, true
+	}
+	if lb := slices.IndexFunc(r.Labels, func(lb string) bool { return q.blockedLabels[lb] != "" }); lb >= 0 {
+		return q.blockedLabels[r.Labels[lb]], true
+	}
+	return "", false
+}
+
+// block leaves a request that does not fit waiting for quota, and the
+// requests behind it too.
+func (q *queue) block(ctx context.Context, r *kv.Request, need kv.Resources, by string) {
+	why := q.t.quotaWait(r, need, by)
+	q.t.waiting(ctx, r, why, false)
+	if strings.HasPrefix(by, "tenant ") {
+		// Only this tenant's requests wait behind it.
+		q.blockedTenants[r.Tenant] = why
+		return
+	}
+	for _, lb := range r.Labels {
+		q.blockedLabels[lb] = why
+	}
+	q.paused = true
 }
 
 // guarded runs the planning of one request: a panic fails that request,
@@ -365,29 +419,10 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 		// A plan that does not match the labels: plan every slot again.
 		r.Nodes = make([]string, len(r.Labels))
 	}
-	ready := true
-	var missing []int
-	for i, id := range r.Nodes {
-		e, ok := t.idx.poolNodes[id]
-		if !ok || e.Value.AllocatedTo != r.ID {
-			missing = append(missing, i)
-			continue
-		}
-		n := &e.Value
-		switch {
-		case n.State == kv.NodeReady || n.State == kv.NodeInUse:
-		case n.State == kv.NodeFailed || (n.Reason != "" && (n.State == kv.NodeDeleting || n.State == kv.NodeUsed)):
-			reason := n.Reason
-			if reason == "" {
-				reason = fmt.Sprintf("node %s failed", id)
-			}
-			t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fail(ctx, r.ID, reason) })
-			return true
-		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
-			ready = false
-		default:
-			missing = append(missing, i)
-		}
+	missing, ready, failed := t.pendingNodes(r)
+	if failed != "" {
+		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fail(ctx, r.ID, failed) })
+		return true
 	}
 	if len(missing) > 0 {
 		plan, need := t.plan(r, free, missing)
@@ -411,6 +446,32 @@ func (t *term) checkPending(ctx context.Context, r *kv.Request, free map[string]
 		t.jobs.spawn(ctx, jobDone{keys: []string{r.ID}, subject: r.ID}, func(ctx context.Context) { s.fulfil(ctx, r.ID, nodes) })
 	}
 	return true
+}
+
+// pendingNodes looks at the nodes of a pending request's plan: the slots
+// whose node is missing (gone, or no longer allocated to it), whether
+// every node is ready, and why the request fails when one of its nodes
+// failed.
+func (t *term) pendingNodes(r *kv.Request) (missing []int, ready bool, failed string) {
+	ready = true
+	for i, id := range r.Nodes {
+		e, ok := t.idx.poolNodes[id]
+		if !ok || e.Value.AllocatedTo != r.ID {
+			missing = append(missing, i)
+			continue
+		}
+		n := &e.Value
+		switch {
+		case n.State == kv.NodeReady || n.State == kv.NodeInUse:
+		case n.State == kv.NodeFailed || (n.Reason != "" && (n.State == kv.NodeDeleting || n.State == kv.NodeUsed)):
+			return nil, false, cmp.Or(n.Reason, fmt.Sprintf("node %s failed", id))
+		case n.State == kv.NodeBuilding || n.State == kv.NodeInit:
+			ready = false
+		default:
+			missing = append(missing, i)
+		}
+	}
+	return missing, ready, ""
 }
 
 // quotaWait says what a request that does not fit waits for: the limit

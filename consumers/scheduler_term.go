@@ -49,27 +49,7 @@ func (t *term) run(ctx context.Context) {
 		return
 	}
 
-	// The cloud's view of quota is read before the first decision, then
-	// now and then, not on every pass.
-	// A pool with ignore-provider-quota counts its own limits only.
-	drv := t.drv
-	quotaC := make(chan cloudQuota, 1)
-	// A cloud that does not answer is waited for a little (firstQuotaWait),
-	// then the pool goes on with its own limits until an answer comes.
-	if !t.pool.IgnoreProviderQuota {
-		go watchCloudQuota(ctx, drv, t.prov.Name, t.l.opts.SyncInterval, t.l.cloudCallTimeout(), t.log, quotaC)
-		first := time.NewTimer(t.l.firstQuotaWait())
-		select {
-		case q := <-quotaC:
-			t.cloud = q
-			t.l.setCloudQuota(t.ref, q.announced(time.Now()))
-		case <-first.C:
-			t.log.Warn("the cloud has not told its quota yet; going on without it until it does", "waited", t.l.firstQuotaWait())
-		case <-ctx.Done():
-		}
-		first.Stop()
-	}
-
+	quotaC := t.watchQuota(ctx)
 	t.subscribe()
 	defer t.unsubscribe()
 	compSub := t.l.components.Subscribe()
@@ -81,21 +61,7 @@ func (t *term) run(ctx context.Context) {
 	tick := time.NewTicker(t.l.opts.SyncInterval)
 	defer tick.Stop()
 	for {
-		// Jobs apply their writes to the caches before they report done:
-		// collecting them first, then draining the change queues, means
-		// the pass sees every write of every job it no longer counts as in
-		// flight.
-		for _, k := range t.jobs.collect() {
-			// Look at what the job left (a key is a request or a node).
-			t.idx.dirty[k] = true
-			t.idx.suspects[k] = true
-		}
-		for _, ch := range t.reqSub.Drain() {
-			t.idx.applyRequest(ch)
-		}
-		for _, ch := range t.nodeSub.Drain() {
-			t.idx.applyNode(ch)
-		}
+		t.takeChanges()
 		compSub.Drain()
 		imgWatch.drain()
 		start := time.Now()
@@ -118,6 +84,48 @@ func (t *term) run(ctx context.Context) {
 			t.cloud = q
 			t.l.setCloudQuota(t.ref, q.announced(time.Now()))
 		}
+	}
+}
+
+// watchQuota starts reading the cloud's view of quota, before the first
+// decision, then now and then, not on every pass, and waits a little
+// (firstQuotaWait) for its first answer: a cloud that does not answer is
+// gone on without, with the pool's own limits, until an answer comes. A
+// pool with ignore-provider-quota counts its own limits only.
+func (t *term) watchQuota(ctx context.Context) chan cloudQuota {
+	quotaC := make(chan cloudQuota, 1)
+	if t.pool.IgnoreProviderQuota {
+		return quotaC
+	}
+	go watchCloudQuota(ctx, t.drv, t.prov.Name, t.l.opts.SyncInterval, t.l.cloudCallTimeout(), t.log, quotaC)
+	first := time.NewTimer(t.l.firstQuotaWait())
+	defer first.Stop()
+	select {
+	case q := <-quotaC:
+		t.cloud = q
+		t.l.setCloudQuota(t.ref, q.announced(time.Now()))
+	case <-first.C:
+		t.log.Warn("the cloud has not told its quota yet; going on without it until it does", "waited", t.l.firstQuotaWait())
+	case <-ctx.Done():
+	}
+	return quotaC
+}
+
+// takeChanges brings the pool's index up to date. Jobs apply their writes
+// to the caches before they report done: collecting them first, then
+// draining the change queues, means the pass sees every write of every job
+// it no longer counts as in flight.
+func (t *term) takeChanges() {
+	for _, k := range t.jobs.collect() {
+		// Look at what the job left (a key is a request or a node).
+		t.idx.dirty[k] = true
+		t.idx.suspects[k] = true
+	}
+	for _, ch := range t.reqSub.Drain() {
+		t.idx.applyRequest(ch)
+	}
+	for _, ch := range t.nodeSub.Drain() {
+		t.idx.applyNode(ch)
 	}
 }
 

@@ -55,60 +55,88 @@ func ParseImageData(data []byte) (*ImageData, error) {
 	if d.Format != ImageDataFormat || d.Version != ImageDataVersion {
 		return nil, fmt.Errorf("format %q version %d; expected %q version %d", d.Format, d.Version, ImageDataFormat, ImageDataVersion)
 	}
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	name := func(what, s string) bool {
-		if len(s) > 64 || !imageDataNameRE.MatchString(s) {
-			bad("%s %q: expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots", what, s)
-			return false
-		}
-		return true
-	}
-	id := func(what, s string) bool {
-		if !imageDataIDRE.MatchString(s) {
-			bad("%s %q: expected a numeric id such as 0000000001", what, s)
-			return false
-		}
-		return true
-	}
-	state := func(what string, s ImageState) {
-		if !slices.Contains(imageDataStates, s) {
-			bad("%s: state %q; expected one of building, uploading, ready, failed, deleting, deleted", what, s)
-		}
-	}
-	seen := map[string]bool{}
-	dup := func(key string) {
-		if seen[key] {
-			bad("record %s appears twice", key)
-		}
-		seen[key] = true
-	}
-	for i, img := range d.Images {
-		if name(fmt.Sprintf("images[%d]: name", i), img.Name) {
-			dup(DiskImageKey(img.Name))
-		}
-	}
-	for i, b := range d.Builds {
-		what := fmt.Sprintf("builds[%d]", i)
-		okName, okID := name(what+": image", b.Image), id(what+": id", b.ID)
-		state(what, b.State)
-		if okName && okID {
-			dup(b.Key())
-		}
-	}
-	for i, u := range d.Uploads {
-		what := fmt.Sprintf("uploads[%d]", i)
-		ok := name(what+": image", u.Image)
-		ok = id(what+": build_id", u.BuildID) && ok
-		ok = name(what+": provider", u.Provider) && ok
-		ok = id(what+": id", u.ID) && ok
-		state(what, u.State)
-		if ok {
-			dup(u.Key())
-		}
-	}
-	if len(problems) > 0 {
-		return nil, fmt.Errorf("image data file is not valid:\n  %s", strings.Join(problems, "\n  "))
+	var c imageDataCheck
+	c.images(d.Images)
+	c.builds(d.Builds)
+	c.uploads(d.Uploads)
+	if len(c.problems) > 0 {
+		return nil, fmt.Errorf("image data file is not valid:\n  %s", strings.Join(c.problems, "\n  "))
 	}
 	return &d, nil
+}
+
+// imageDataCheck gathers what is wrong with the records of an image data
+// file.
+type imageDataCheck struct {
+	problems []string
+	seen     map[string]bool // keys of the records checked so far
+}
+
+func (c *imageDataCheck) bad(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+func (c *imageDataCheck) name(what, s string) bool {
+	if len(s) > 64 || !imageDataNameRE.MatchString(s) {
+		c.bad("%s %q: expected 1 to 64 of A-Z a-z 0-9 _ - and inner dots", what, s)
+		return false
+	}
+	return true
+}
+
+func (c *imageDataCheck) id(what, s string) bool {
+	if !imageDataIDRE.MatchString(s) {
+		c.bad("%s %q: expected a numeric id such as 0000000001", what, s)
+		return false
+	}
+	return true
+}
+
+func (c *imageDataCheck) state(what string, s ImageState) {
+	if !slices.Contains(imageDataStates, s) {
+		c.bad("%s: state %q; expected one of building, uploading, ready, failed, deleting, deleted", what, s)
+	}
+}
+
+func (c *imageDataCheck) dup(key string) {
+	if c.seen == nil {
+		c.seen = map[string]bool{}
+	}
+	if c.seen[key] {
+		c.bad("record %s appears twice", key)
+	}
+	c.seen[key] = true
+}
+
+func (c *imageDataCheck) images(images []DiskImage) {
+	for i, img := range images {
+		if c.name(fmt.Sprintf("images[%d]: name", i), img.Name) {
+			c.dup(DiskImageKey(img.Name))
+		}
+	}
+}
+
+func (c *imageDataCheck) builds(builds []ImageBuild) {
+	for i, b := range builds {
+		what := fmt.Sprintf("builds[%d]", i)
+		okName, okID := c.name(what+": image", b.Image), c.id(what+": id", b.ID)
+		c.state(what, b.State)
+		if okName && okID {
+			c.dup(b.Key())
+		}
+	}
+}
+
+func (c *imageDataCheck) uploads(uploads []ImageUpload) {
+	for i, u := range uploads {
+		what := fmt.Sprintf("uploads[%d]", i)
+		ok := c.name(what+": image", u.Image)
+		ok = c.id(what+": build_id", u.BuildID) && ok
+		ok = c.name(what+": provider", u.Provider) && ok
+		ok = c.id(what+": id", u.ID) && ok
+		c.state(what, u.State)
+		if ok {
+			c.dup(u.Key())
+		}
+	}
 }
