@@ -161,6 +161,19 @@ func TestFailureKinds(t *testing.T) {
 	if err := e.admin.CoreV1().ResourceQuotas(sm.ExternalID()).Delete(t.Context(), "policy", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The same cache keeps a deleted quota a moment longer: wait until a
+	// dry run of a pod is let through.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, perr := e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if perr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the quota deleted 30 s ago still refuses pods (a dry run: %v)", perr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if step, err := advance(t, sm); err != nil || step.Instance.Kubernetes.Pod != "pod-defaults" {
 		t.Fatalf("the create once the quota is gone: %v", err)
 	}

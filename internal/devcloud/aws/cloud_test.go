@@ -345,7 +345,12 @@ func TestImports(t *testing.T) {
 // is terminated; a refused call changes nothing.
 func TestStopAndStartInstances(t *testing.T) {
 	t.Parallel()
-	_, cl := start(t, fast())
+	// Instances boot for an hour at first, so that one is surely pending
+	// when the test stops it (a boot of 50 ms can be over before the
+	// stop arrives on a busy machine); the others boot fast.
+	slow := fast()
+	slow.BootTime = Duration(time.Hour)
+	c, cl := start(t, slow)
 	ctx := t.Context()
 	run := func(spot bool) string {
 		t.Helper()
@@ -367,10 +372,15 @@ func TestStopAndStartInstances(t *testing.T) {
 		}
 		return d.Reservations[0].Instances[0]
 	}
-	id, spot := run(false), run(true)
-	if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{id}}); code(err) != "IncorrectInstanceState" {
+	pending := run(false)
+	if _, err := cl.ec2.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{pending}}); code(err) != "IncorrectInstanceState" {
 		t.Errorf("stopping a pending instance: %v", err)
 	}
+	if st := state(pending).State.Name; st != types.InstanceStateNamePending {
+		t.Errorf("a refused stop changed a pending instance: %s", st)
+	}
+	c.SetKnobs(func(k *Knobs) { k.BootTime = fast().BootTime })
+	id, spot := run(false), run(true)
 	waitFor(t, "running", func() bool {
 		return state(id).State.Name == types.InstanceStateNameRunning && state(spot).State.Name == types.InstanceStateNameRunning
 	})
