@@ -365,6 +365,37 @@ func (m *createMachine) runInstance(ctx context.Context) (string, error) {
 
 func (m *createMachine) createFleet(ctx context.Context) (string, error) {
 	l := m.label
+	in := &ec2.CreateFleetInput{
+		Type: ec2types.FleetTypeInstant, ClientToken: sdkaws.String(m.token("fleet" + strconv.Itoa(m.st.FleetTries))),
+		LaunchTemplateConfigs: []ec2types.FleetLaunchTemplateConfigRequest{{
+			LaunchTemplateSpecification: &ec2types.FleetLaunchTemplateSpecificationRequest{LaunchTemplateName: sdkaws.String(m.st.Template), Version: sdkaws.String("$Latest")},
+			Overrides:                   m.fleetOverrides(),
+		}},
+		TagSpecifications: []ec2types.TagSpecification{
+			{ResourceType: ec2types.ResourceTypeInstance, Tags: m.tags()},
+			{ResourceType: ec2types.ResourceTypeVolume, Tags: m.tags()},
+		},
+	}
+	m.setFleetCapacity(in)
+	out, err := m.p.ec2.CreateFleet(ctx, in)
+	if err != nil {
+		return "", fmt.Errorf("launching a fleet of %s: %w", strings.Join(l.Fleet.InstanceTypes, ", "), classify(err))
+	}
+	for _, fi := range out.Instances {
+		if len(fi.InstanceIds) > 0 {
+			return fi.InstanceIds[0], nil
+		}
+	}
+	// No instance: every type failed; say why.
+	m.st.FleetTries++
+	return "", fleetError(out)
+}
+
+// fleetOverrides are the instance types a fleet label launches, each with
+// the image, and the pool's subnet and availability zone; in the order of
+// their priority for the prioritized allocation strategy.
+func (m *createMachine) fleetOverrides() []ec2types.FleetLaunchTemplateOverridesRequest {
+	l := m.label
 	var overrides []ec2types.FleetLaunchTemplateOverridesRequest
 	for i, t := range l.Fleet.InstanceTypes {
 		o := ec2types.FleetLaunchTemplateOverridesRequest{InstanceType: ec2types.InstanceType(t), ImageId: sdkaws.String(m.imageID())}
@@ -379,17 +410,13 @@ func (m *createMachine) createFleet(ctx context.Context) (string, error) {
 		}
 		overrides = append(overrides, o)
 	}
-	in := &ec2.CreateFleetInput{
-		Type: ec2types.FleetTypeInstant, ClientToken: sdkaws.String(m.token("fleet" + strconv.Itoa(m.st.FleetTries))),
-		LaunchTemplateConfigs: []ec2types.FleetLaunchTemplateConfigRequest{{
-			LaunchTemplateSpecification: &ec2types.FleetLaunchTemplateSpecificationRequest{LaunchTemplateName: sdkaws.String(m.st.Template), Version: sdkaws.String("$Latest")},
-			Overrides:                   overrides,
-		}},
-		TagSpecifications: []ec2types.TagSpecification{
-			{ResourceType: ec2types.ResourceTypeInstance, Tags: m.tags()},
-			{ResourceType: ec2types.ResourceTypeVolume, Tags: m.tags()},
-		},
-	}
+	return overrides
+}
+
+// setFleetCapacity asks a fleet for one instance, spot or on demand, with
+// the label's allocation strategy.
+func (m *createMachine) setFleetCapacity(in *ec2.CreateFleetInput) {
+	l := m.label
 	tc := &ec2types.TargetCapacitySpecificationRequest{TotalTargetCapacity: sdkaws.Int32(1)}
 	if m.spot() {
 		tc.DefaultTargetCapacityType = ec2types.DefaultTargetCapacityTypeSpot
@@ -403,18 +430,12 @@ func (m *createMachine) createFleet(ctx context.Context) (string, error) {
 		in.OnDemandOptions = &ec2types.OnDemandOptionsRequest{AllocationStrategy: ec2types.FleetOnDemandAllocationStrategy(strategy)}
 	}
 	in.TargetCapacitySpecification = tc
-	out, err := m.p.ec2.CreateFleet(ctx, in)
-	if err != nil {
-		return "", fmt.Errorf("launching a fleet of %s: %w", strings.Join(l.Fleet.InstanceTypes, ", "), classify(err))
-	}
-	for _, fi := range out.Instances {
-		if len(fi.InstanceIds) > 0 {
-			return fi.InstanceIds[0], nil
-		}
-	}
-	// No instance: every type failed; say why, as the launcher's error
-	// kinds (capacity or quota is a wait, not a failed attempt).
-	m.st.FleetTries++
+}
+
+// fleetError says why a fleet launched no instance: each type's error,
+// as the launcher's error kinds (capacity or quota is a wait, not a failed
+// attempt): quota if a type ran out of it, else the first kind found.
+func fleetError(out *ec2.CreateFleetOutput) error {
 	var msgs []string
 	var kind error
 	for _, e := range out.Errors {
@@ -430,11 +451,11 @@ func (m *createMachine) createFleet(ctx context.Context) (string, error) {
 			kind = k
 		}
 	}
-	err = fmt.Errorf("the fleet %s launched no instance: %s", sdkaws.ToString(out.FleetId), strings.Join(msgs, "; "))
+	err := fmt.Errorf("the fleet %s launched no instance: %s", sdkaws.ToString(out.FleetId), strings.Join(msgs, "; "))
 	if kind != nil {
 		err = fmt.Errorf("%w: %w", kind, err)
 	}
-	return "", err
+	return err
 }
 
 func (m *createMachine) wait(ctx context.Context) (drivers.Step, error) {

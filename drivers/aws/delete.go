@@ -56,49 +56,68 @@ func (m *deleteMachine) State() json.RawMessage {
 
 func (m *deleteMachine) ExternalID() string { return m.id }
 
+// Advance makes the machine's next step.
 func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	switch m.st.Step {
 	case stepTerminate:
-		_, err := m.p.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{m.id}})
-		if err != nil {
-			if code(err) == "InvalidInstanceID.NotFound" {
-				return drivers.Step{Done: true}, nil
-			}
-			return drivers.Step{}, fmt.Errorf("terminating %s: %w", m.id, classify(err))
-		}
-		m.st.Step = stepGone
-		return drivers.Step{}, nil
+		return m.terminate(ctx)
 	case stepGone:
-		in, ok, err := m.p.watch.get(ctx, m.id)
-		if err != nil {
-			return drivers.Step{}, fmt.Errorf("describing %s: %w", m.id, err)
-		}
-		if !ok {
-			return m.released()
-		}
-		if in.Placement != nil && in.Placement.HostId != nil {
-			m.st.HostID = *in.Placement.HostId
-		}
-		if in.State != nil && in.State.Name != ec2types.InstanceStateNameTerminated {
-			if in.State.Name != ec2types.InstanceStateNameShuttingDown {
-				m.st.Step = stepTerminate // stopped, or terminated elsewhere and back: ask again
-			}
-			return drivers.Step{}, nil // the watch spaces the polls
-		}
-		return m.released()
+		return m.waitGone(ctx)
 	case stepRelease:
-		out, err := m.p.ec2.ReleaseHosts(ctx, &ec2.ReleaseHostsInput{HostIds: []string{m.st.HostID}})
-		if err != nil {
-			return drivers.Step{}, fmt.Errorf("releasing dedicated host %s: %w", m.st.HostID, classify(err))
-		}
-		for _, u := range out.Unsuccessful {
-			if u.Error != nil && !strings.Contains(sdkaws.ToString(u.Error.Code), "NotFound") {
-				return drivers.Step{}, fmt.Errorf("releasing dedicated host %s: %s: %s", m.st.HostID, sdkaws.ToString(u.Error.Code), sdkaws.ToString(u.Error.Message))
-			}
-		}
-		return drivers.Step{Done: true}, nil
+		return m.releaseHost(ctx)
 	}
 	return drivers.Step{}, fmt.Errorf("unknown step %q", m.st.Step)
+}
+
+// terminate asks EC2 to terminate the instance; one EC2 does not know is
+// gone already.
+func (m *deleteMachine) terminate(ctx context.Context) (drivers.Step, error) {
+	_, err := m.p.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{m.id}})
+	if err != nil {
+		if code(err) == "InvalidInstanceID.NotFound" {
+			return drivers.Step{Done: true}, nil
+		}
+		return drivers.Step{}, fmt.Errorf("terminating %s: %w", m.id, classify(err))
+	}
+	m.st.Step = stepGone
+	return drivers.Step{}, nil
+}
+
+// waitGone waits until the instance is terminated, noting its dedicated
+// host, and asks again when it stopped instead.
+func (m *deleteMachine) waitGone(ctx context.Context) (drivers.Step, error) {
+	in, ok, err := m.p.watch.get(ctx, m.id)
+	if err != nil {
+		return drivers.Step{}, fmt.Errorf("describing %s: %w", m.id, err)
+	}
+	if !ok {
+		return m.released()
+	}
+	if in.Placement != nil && in.Placement.HostId != nil {
+		m.st.HostID = *in.Placement.HostId
+	}
+	if in.State != nil && in.State.Name != ec2types.InstanceStateNameTerminated {
+		if in.State.Name != ec2types.InstanceStateNameShuttingDown {
+			m.st.Step = stepTerminate // stopped, or terminated elsewhere and back: ask again
+		}
+		return drivers.Step{}, nil // the watch spaces the polls
+	}
+	return m.released()
+}
+
+// releaseHost releases the instance's dedicated host; one that is gone
+// already is no error.
+func (m *deleteMachine) releaseHost(ctx context.Context) (drivers.Step, error) {
+	out, err := m.p.ec2.ReleaseHosts(ctx, &ec2.ReleaseHostsInput{HostIds: []string{m.st.HostID}})
+	if err != nil {
+		return drivers.Step{}, fmt.Errorf("releasing dedicated host %s: %w", m.st.HostID, classify(err))
+	}
+	for _, u := range out.Unsuccessful {
+		if u.Error != nil && !strings.Contains(sdkaws.ToString(u.Error.Code), "NotFound") {
+			return drivers.Step{}, fmt.Errorf("releasing dedicated host %s: %s: %s", m.st.HostID, sdkaws.ToString(u.Error.Code), sdkaws.ToString(u.Error.Message))
+		}
+	}
+	return drivers.Step{Done: true}, nil
 }
 
 // released ends the machine, or goes on to release the instance's host.

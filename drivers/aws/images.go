@@ -330,6 +330,22 @@ func (p *Provider) importEBSDirect(ctx context.Context, req drivers.ImageUpload,
 		return drivers.Image{}, fmt.Errorf("starting snapshot of %s: %w", req.Name, classify(err))
 	}
 	snap := sdkaws.ToString(st.SnapshotId)
+	written, err := p.writeBlocks(ctx, snap, data)
+	if err != nil {
+		return drivers.Image{}, err
+	}
+	if _, err := p.ebs.CompleteSnapshot(ctx, &ebs.CompleteSnapshotInput{SnapshotId: &snap, ChangedBlocksCount: sdkaws.Int32(written)}); err != nil {
+		return drivers.Image{}, fmt.Errorf("completing snapshot %s: %w", snap, classify(err))
+	}
+	if err := p.waitSnapshot(ctx, snap, req.Name); err != nil {
+		return drivers.Image{}, err
+	}
+	return p.register(ctx, req, snap, ad, tags)
+}
+
+// writeBlocks writes the file into a snapshot, block by block, leaving out
+// blocks of zeros; it returns how many blocks it wrote.
+func (p *Provider) writeBlocks(ctx context.Context, snap string, data io.Reader) (int32, error) {
 	block := make([]byte, ebsBlockSize)
 	var written int32
 	for idx := int32(0); ; idx++ {
@@ -337,40 +353,50 @@ func (p *Provider) importEBSDirect(ctx context.Context, req drivers.ImageUpload,
 		if got > 0 {
 			clear(block[got:])
 			if !allZero(block) {
-				sum := sha256.Sum256(block)
-				if _, err := p.ebs.PutSnapshotBlock(ctx, &ebs.PutSnapshotBlockInput{SnapshotId: &snap, BlockIndex: sdkaws.Int32(idx),
-					BlockData: bytes.NewReader(block), DataLength: sdkaws.Int32(ebsBlockSize),
-					Checksum: sdkaws.String(base64.StdEncoding.EncodeToString(sum[:])), ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256}); err != nil {
-					return drivers.Image{}, fmt.Errorf("writing block %d of snapshot %s: %w", idx, snap, classify(err))
+				if err := p.putBlock(ctx, snap, idx, block); err != nil {
+					return written, err
 				}
 				written++
 			}
 		}
 		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-			break
+			return written, nil
 		}
 		if rerr != nil {
-			return drivers.Image{}, fmt.Errorf("reading the image: %w", rerr)
+			return written, fmt.Errorf("reading the image: %w", rerr)
 		}
 	}
-	if _, err := p.ebs.CompleteSnapshot(ctx, &ebs.CompleteSnapshotInput{SnapshotId: &snap, ChangedBlocksCount: sdkaws.Int32(written)}); err != nil {
-		return drivers.Image{}, fmt.Errorf("completing snapshot %s: %w", snap, classify(err))
+}
+
+// putBlock writes one block of a snapshot, with its checksum.
+func (p *Provider) putBlock(ctx context.Context, snap string, idx int32, block []byte) error {
+	sum := sha256.Sum256(block)
+	if _, err := p.ebs.PutSnapshotBlock(ctx, &ebs.PutSnapshotBlockInput{SnapshotId: &snap, BlockIndex: sdkaws.Int32(idx),
+		BlockData: bytes.NewReader(block), DataLength: sdkaws.Int32(ebsBlockSize),
+		Checksum: sdkaws.String(base64.StdEncoding.EncodeToString(sum[:])), ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256}); err != nil {
+		return fmt.Errorf("writing block %d of snapshot %s: %w", idx, snap, classify(err))
 	}
+	return nil
+}
+
+// waitSnapshot waits until EC2 has completed a snapshot of image name;
+// one in error fails the upload.
+func (p *Provider) waitSnapshot(ctx context.Context, snap, name string) error {
 	for {
 		out, err := p.ec2.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{SnapshotIds: []string{snap}})
 		if err != nil {
-			return drivers.Image{}, fmt.Errorf("watching snapshot %s: %w", snap, classify(err))
+			return fmt.Errorf("watching snapshot %s: %w", snap, classify(err))
 		}
 		if len(out.Snapshots) == 1 {
 			switch out.Snapshots[0].State {
 			case ec2types.SnapshotStateCompleted:
-				return p.register(ctx, req, snap, ad, tags)
+				return nil
 			case ec2types.SnapshotStateError:
-				return drivers.Image{}, fmt.Errorf("snapshot %s of %s failed: %s", snap, req.Name, sdkaws.ToString(out.Snapshots[0].StateMessage))
+				return fmt.Errorf("snapshot %s of %s failed: %s", snap, name, sdkaws.ToString(out.Snapshots[0].StateMessage))
 			}
 		}
 		if !sleep(ctx, p.opts.PollInterval) {
-			return drivers.Image{}, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }

@@ -163,6 +163,28 @@ func (p *Provider) Interruptions(ctx context.Context) ([]drivers.Interruption, e
 	if !p.usesSpot() {
 		return nil, nil
 	}
+	spot, err := p.spotInstances(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(spot) == 0 {
+		return nil, nil
+	}
+	requests, err := p.interruptedRequests(ctx, spot)
+	if err != nil {
+		return nil, err
+	}
+	var out []drivers.Interruption
+	for _, in := range spot {
+		if reason := interruptionReason(&in, requests); reason != "" {
+			out = append(out, drivers.Interruption{ExternalID: sdkaws.ToString(in.InstanceId), NodeID: tagMap(in.Tags)[drivers.TagNode], Reason: reason})
+		}
+	}
+	return out, nil
+}
+
+// spotInstances are this provider's spot instances.
+func (p *Provider) spotInstances(ctx context.Context) ([]ec2types.Instance, error) {
 	var spot []ec2types.Instance
 	pg := ec2.NewDescribeInstancesPaginator(p.ec2, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
 		{Name: sdkaws.String("tag:" + drivers.TagProvider), Values: []string{p.cfg.Name}},
@@ -177,9 +199,13 @@ func (p *Provider) Interruptions(ctx context.Context) ([]drivers.Interruption, e
 			spot = append(spot, r.Instances...)
 		}
 	}
-	if len(spot) == 0 {
-		return nil, nil
-	}
+	return spot, nil
+}
+
+// interruptedRequests are the spot requests of spot instances whose status
+// says EC2 is taking them back or took them, by id (asked for 200 at a
+// time).
+func (p *Provider) interruptedRequests(ctx context.Context, spot []ec2types.Instance) (map[string]ec2types.SpotInstanceRequest, error) {
 	requests := map[string]ec2types.SpotInstanceRequest{}
 	var ids []string
 	for _, in := range spot {
@@ -204,26 +230,29 @@ func (p *Provider) Interruptions(ctx context.Context) ([]drivers.Interruption, e
 			}
 		}
 	}
-	var out []drivers.Interruption
-	for _, in := range spot {
-		tags := tagMap(in.Tags)
-		it := drivers.Interruption{ExternalID: sdkaws.ToString(in.InstanceId), NodeID: tags[drivers.TagNode]}
-		r, hasReq := requests[sdkaws.ToString(in.SpotInstanceRequestId)]
-		switch {
-		case in.StateReason != nil && strings.HasPrefix(sdkaws.ToString(in.StateReason.Code), "Server.Spot"):
-			it.Reason = "spot instance interrupted by EC2: " + sdkaws.ToString(in.StateReason.Message)
-		case hasReq && r.Status != nil && contains(spotTaken, sdkaws.ToString(r.Status.Code)):
-			it.Reason = "spot instance interrupted by EC2: " + sdkaws.ToString(r.Status.Code) + ": " + sdkaws.ToString(r.Status.Message)
-		case hasReq && r.Status != nil && contains(spotNotices, sdkaws.ToString(r.Status.Code)):
-			it.Reason = "spot interruption notice: " + sdkaws.ToString(r.Status.Code) + ": " + sdkaws.ToString(r.Status.Message)
-		case tags[RebalanceTag] != "":
-			it.Reason = "spot rebalance recommendation (" + tags[RebalanceTag] + "): EC2 may interrupt this instance soon"
-		default:
-			continue
-		}
-		out = append(out, it)
+	return requests, nil
+}
+
+// interruptionReason says why a spot instance is interrupted, or may be
+// soon: its state reason, the status of its spot request (among
+// requests), or its RebalanceTag; "" when it is not.
+func interruptionReason(in *ec2types.Instance, requests map[string]ec2types.SpotInstanceRequest) string {
+	var code, msg string
+	if r, ok := requests[sdkaws.ToString(in.SpotInstanceRequestId)]; ok && r.Status != nil {
+		code, msg = sdkaws.ToString(r.Status.Code), sdkaws.ToString(r.Status.Message)
 	}
-	return out, nil
+	tags := tagMap(in.Tags)
+	switch {
+	case in.StateReason != nil && strings.HasPrefix(sdkaws.ToString(in.StateReason.Code), "Server.Spot"):
+		return "spot instance interrupted by EC2: " + sdkaws.ToString(in.StateReason.Message)
+	case contains(spotTaken, code):
+		return "spot instance interrupted by EC2: " + code + ": " + msg
+	case contains(spotNotices, code):
+		return "spot interruption notice: " + code + ": " + msg
+	case tags[RebalanceTag] != "":
+		return "spot rebalance recommendation (" + tags[RebalanceTag] + "): EC2 may interrupt this instance soon"
+	}
+	return ""
 }
 
 func contains(list []string, s string) bool {

@@ -101,20 +101,9 @@ func (p *Provider) usesHosts() bool {
 }
 
 func (p *Provider) sweepSnapshots(ctx context.Context, ours ec2types.Filter) error {
-	used := map[string]bool{}
-	ipg := ec2.NewDescribeImagesPaginator(p.ec2, &ec2.DescribeImagesInput{Owners: []string{"self"}})
-	for ipg.HasMorePages() {
-		out, err := ipg.NextPage(ctx)
-		if err != nil {
-			return fmt.Errorf("describing images: %w", classify(err))
-		}
-		for _, im := range out.Images {
-			for _, bd := range im.BlockDeviceMappings {
-				if bd.Ebs != nil && bd.Ebs.SnapshotId != nil {
-					used[*bd.Ebs.SnapshotId] = true
-				}
-			}
-		}
+	used, err := p.imageSnapshots(ctx)
+	if err != nil {
+		return err
 	}
 	spg := ec2.NewDescribeSnapshotsPaginator(p.ec2, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: []ec2types.Filter{ours}})
 	for spg.HasMorePages() {
@@ -135,6 +124,27 @@ func (p *Provider) sweepSnapshots(ctx context.Context, ours ec2types.Filter) err
 		}
 	}
 	return nil
+}
+
+// imageSnapshots is the set of snapshots that the account's images are
+// made of.
+func (p *Provider) imageSnapshots(ctx context.Context) (map[string]bool, error) {
+	used := map[string]bool{}
+	ipg := ec2.NewDescribeImagesPaginator(p.ec2, &ec2.DescribeImagesInput{Owners: []string{"self"}})
+	for ipg.HasMorePages() {
+		out, err := ipg.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("describing images: %w", classify(err))
+		}
+		for _, im := range out.Images {
+			for _, bd := range im.BlockDeviceMappings {
+				if bd.Ebs != nil && bd.Ebs.SnapshotId != nil {
+					used[*bd.Ebs.SnapshotId] = true
+				}
+			}
+		}
+	}
+	return used, nil
 }
 
 func (p *Provider) sweepObjects(ctx context.Context) error {

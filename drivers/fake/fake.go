@@ -523,96 +523,134 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 }
 
 func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
-	p := m.p
-	if err := p.apiCall(ctx); err != nil {
+	if err := m.p.apiCall(ctx); err != nil {
 		return drivers.Step{}, err
 	}
 	now := time.Now().UTC()
 	switch m.st.Step {
 	case "":
-		token := fmt.Sprintf("%s/%d", m.req.NodeID, m.req.Attempt)
-		id := instanceID(token)
-		if p.cache.Has(id) {
-			// Created by an earlier try of this same attempt.
-			m.st = machineState{Step: "boot", Instance: id}
-			return drivers.Step{}, nil
-		}
-		pl, err := p.poolLabel(m.req.Pool, m.req.Label)
-		if err != nil {
-			return drivers.Step{}, err
-		}
-		image := pl.CloudImage
-		if pl.Diskimage != "" && m.req.ImageID == "" {
-			return drivers.Step{}, fmt.Errorf("label %s boots from diskimage %s, but no uploaded image was given", m.req.Label, pl.Diskimage)
-		}
-		if m.req.ImageID != "" {
-			if err := p.bootImage(ctx, m.req.ImageID); err != nil {
-				return drivers.Step{}, err
-			}
-			image = m.req.ImageID
-		}
-		size, _ := p.QuotaForLabel(m.req.Pool, m.req.Label)
-		if err := p.cache.WaitSynced(ctx); err != nil {
-			return drivers.Step{}, err
-		}
-		limits, _ := p.QuotaLimits(ctx)
-		if used := p.usage().Add(size); used.Instances > limits.Instances || used.Cores > limits.Cores || used.RAM > limits.RAM {
-			return drivers.Step{}, fmt.Errorf("%w: cloud %s: %d instances, %d cores, %d ram in use of %d, %d, %d",
-				drivers.ErrQuotaExceeded, p.cfg.Cloud, used.Instances-1, used.Cores-size.Cores, used.RAM-size.RAM,
-				limits.Instances, limits.Cores, limits.RAM)
-		}
-		p.mu.Lock()
-		fail := p.rng.Float64() < p.cfg.FailureRate
-		ip := fmt.Sprintf("10.%d.%d.%d", p.rng.IntN(256), p.rng.IntN(256), 1+p.rng.IntN(254))
-		p.mu.Unlock()
-		rec := InstanceRecord{
-			ID: id, Name: m.req.Hostname, Token: token, Tags: m.req.Tags,
-			Flavor: pl.FlavorName, Image: image, Cores: size.Cores, RAM: size.RAM,
-			IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
-		}
-		// The token makes the create idempotent: an instance an earlier try
-		// of this attempt made (which the cache had not seen yet) is found
-		// here, not created twice; and, as a cloud's idempotency tokens
-		// do, a token used once never makes a second instance, even once
-		// its first was deleted (the next step finds it gone, and the
-		// attempt fails).
-		rev, err := p.store.CreateNew(ctx, id, &rec)
-		switch {
-		case err == nil:
-			p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec, Revision: rev})
-		case !errors.Is(err, kv.ErrExists):
-			return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
-		}
-		m.st = machineState{Step: "boot", Instance: id}
-		return drivers.Step{Wait: p.cfg.BootDelay.D()}, nil
+		return m.launch(ctx, now)
 	case "boot":
-		// An instance's record changes only when it is deleted; the cache
-		// answers, and the cloud is asked when the cache has not seen it.
-		e, ok := p.cache.Get(m.st.Instance)
-		var err error
-		if !ok {
-			e, err = p.store.Get(ctx, m.st.Instance)
-		}
-		if errors.Is(err, kv.ErrNotFound) {
-			return drivers.Step{}, fmt.Errorf("%w: instance %s vanished while booting", drivers.ErrNotFound, m.st.Instance)
-		}
-		if err != nil {
-			return drivers.Step{}, err
-		}
-		switch e.Value.Status(now) {
-		case StatusBuild:
-			return drivers.Step{Wait: e.Value.ReadyAt.Sub(now)}, nil
-		case StatusError:
-			return drivers.Step{}, fmt.Errorf("instance %s went to ERROR while booting", m.st.Instance)
-		case StatusDeleting:
-			return drivers.Step{}, fmt.Errorf("instance %s is being deleted", m.st.Instance)
-		case StatusShutoff:
-			return drivers.Step{}, fmt.Errorf("instance %s was shut off while booting", m.st.Instance)
-		}
-		inst := p.toInstance(&e.Value)
-		return drivers.Step{Done: true, Instance: &inst}, nil
+		return m.boot(ctx, now)
 	}
 	return drivers.Step{}, fmt.Errorf("fake: unknown create step %q", m.st.Step)
+}
+
+// launch creates the node's instance, within the cloud's quota, or finds
+// the one an earlier try of this same attempt created.
+func (m *createMachine) launch(ctx context.Context, now time.Time) (drivers.Step, error) {
+	p := m.p
+	token := fmt.Sprintf("%s/%d", m.req.NodeID, m.req.Attempt)
+	id := instanceID(token)
+	if p.cache.Has(id) {
+		// Created by an earlier try of this same attempt.
+		m.st = machineState{Step: "boot", Instance: id}
+		return drivers.Step{}, nil
+	}
+	pl, err := p.poolLabel(m.req.Pool, m.req.Label)
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	image, err := m.image(ctx, &pl)
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	size, _ := p.QuotaForLabel(m.req.Pool, m.req.Label)
+	if err := p.checkQuota(ctx, size); err != nil {
+		return drivers.Step{}, err
+	}
+	fail, ip := p.roll()
+	rec := InstanceRecord{
+		ID: id, Name: m.req.Hostname, Token: token, Tags: m.req.Tags,
+		Flavor: pl.FlavorName, Image: image, Cores: size.Cores, RAM: size.RAM,
+		IPv4: ip, Created: now, ReadyAt: now.Add(p.cfg.BootDelay.D()), Fail: fail,
+	}
+	// The token makes the create idempotent: an instance an earlier try
+	// of this attempt made (which the cache had not seen yet) is found
+	// here, not created twice; and, as a cloud's idempotency tokens
+	// do, a token used once never makes a second instance, even once
+	// its first was deleted (the next step finds it gone, and the
+	// attempt fails).
+	rev, err := p.store.CreateNew(ctx, id, &rec)
+	switch {
+	case err == nil:
+		p.cache.Apply(kv.Entry[InstanceRecord]{Key: id, Value: rec, Revision: rev})
+	case !errors.Is(err, kv.ErrExists):
+		return drivers.Step{}, fmt.Errorf("fake: creating instance: %w", err)
+	}
+	m.st = machineState{Step: "boot", Instance: id}
+	return drivers.Step{Wait: p.cfg.BootDelay.D()}, nil
+}
+
+// image is the image the node boots: the uploaded image it was given,
+// once checked, or else its label's cloud image.
+func (m *createMachine) image(ctx context.Context, pl *config.PoolLabel) (string, error) {
+	if pl.Diskimage != "" && m.req.ImageID == "" {
+		return "", fmt.Errorf("label %s boots from diskimage %s, but no uploaded image was given", m.req.Label, pl.Diskimage)
+	}
+	if m.req.ImageID == "" {
+		return pl.CloudImage, nil
+	}
+	if err := m.p.bootImage(ctx, m.req.ImageID); err != nil {
+		return "", err
+	}
+	return m.req.ImageID, nil
+}
+
+// checkQuota fails with drivers.ErrQuotaExceeded when an instance of size
+// would take the cloud past its quota.
+func (p *Provider) checkQuota(ctx context.Context, size drivers.Resources) error {
+	if err := p.cache.WaitSynced(ctx); err != nil {
+		return err
+	}
+	limits, _ := p.QuotaLimits(ctx)
+	if used := p.usage().Add(size); used.Instances > limits.Instances || used.Cores > limits.Cores || used.RAM > limits.RAM {
+		return fmt.Errorf("%w: cloud %s: %d instances, %d cores, %d ram in use of %d, %d, %d",
+			drivers.ErrQuotaExceeded, p.cfg.Cloud, used.Instances-1, used.Cores-size.Cores, used.RAM-size.RAM,
+			limits.Instances, limits.Cores, limits.RAM)
+	}
+	return nil
+}
+
+// roll draws whether a new instance fails (failure-rate), and its address.
+func (p *Provider) roll() (fail bool, ip string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fail = p.rng.Float64() < p.cfg.FailureRate
+	ip = fmt.Sprintf("10.%d.%d.%d", p.rng.IntN(256), p.rng.IntN(256), 1+p.rng.IntN(254))
+	return fail, ip
+}
+
+// boot waits until the instance leaves BUILD; then the node is ready. An
+// instance that is gone, in ERROR, being deleted or shut off fails the
+// attempt.
+func (m *createMachine) boot(ctx context.Context, now time.Time) (drivers.Step, error) {
+	p := m.p
+	// An instance's record changes only when it is deleted; the cache
+	// answers, and the cloud is asked when the cache has not seen it.
+	e, ok := p.cache.Get(m.st.Instance)
+	var err error
+	if !ok {
+		e, err = p.store.Get(ctx, m.st.Instance)
+	}
+	if errors.Is(err, kv.ErrNotFound) {
+		return drivers.Step{}, fmt.Errorf("%w: instance %s vanished while booting", drivers.ErrNotFound, m.st.Instance)
+	}
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	switch e.Value.Status(now) {
+	case StatusBuild:
+		return drivers.Step{Wait: e.Value.ReadyAt.Sub(now)}, nil
+	case StatusError:
+		return drivers.Step{}, fmt.Errorf("instance %s went to ERROR while booting", m.st.Instance)
+	case StatusDeleting:
+		return drivers.Step{}, fmt.Errorf("instance %s is being deleted", m.st.Instance)
+	case StatusShutoff:
+		return drivers.Step{}, fmt.Errorf("instance %s was shut off while booting", m.st.Instance)
+	}
+	inst := p.toInstance(&e.Value)
+	return drivers.Step{Done: true, Instance: &inst}, nil
 }
 
 type deleteMachine struct {

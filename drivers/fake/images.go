@@ -88,27 +88,7 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 	if err != nil {
 		return drivers.Image{}, fmt.Errorf("fake: creating image: %w", err)
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, req.Data)
-	if err == nil && req.Size > 0 && n != req.Size {
-		err = fmt.Errorf("fake: image %s: got %d bytes, expected %d", req.Name, n, req.Size)
-	}
-	if err == nil {
-		t := time.NewTimer(p.cfg.UploadDelay.D())
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-t.C:
-		}
-		t.Stop()
-	}
-	rec.Size, rec.SHA256 = n, hex.EncodeToString(h.Sum(nil))
-	if err == nil && req.SHA256 != "" && rec.SHA256 != req.SHA256 {
-		err = fmt.Errorf("fake: image %s: checksum %s, expected %s", req.Name, rec.SHA256, req.SHA256)
-	}
-	if err == nil && p.uploadFails() {
-		err = fmt.Errorf("fake: cloud %s: image %s went to %s during the upload", p.cfg.Cloud, rec.ID, ImageKilled)
-	}
+	err = p.receive(ctx, req, &rec)
 	rec.Status = ImageActive
 	if err != nil {
 		rec.Status = ImageKilled
@@ -122,6 +102,36 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 		return drivers.Image{}, err
 	}
 	return toImage(&rec), nil
+}
+
+// receive reads an upload's data to the end into rec (its size and
+// checksum) and takes upload-delay; it says why the upload fails: the data
+// could not be read, or has the wrong size or checksum, ctx ended, or the
+// cloud killed the image (FailUploads, upload-failure-rate).
+func (p *Provider) receive(ctx context.Context, req drivers.ImageUpload, rec *ImageRecord) error {
+	h := sha256.New()
+	n, err := io.Copy(h, req.Data)
+	rec.Size, rec.SHA256 = n, hex.EncodeToString(h.Sum(nil))
+	if err != nil {
+		return err
+	}
+	if req.Size > 0 && n != req.Size {
+		return fmt.Errorf("fake: image %s: got %d bytes, expected %d", req.Name, n, req.Size)
+	}
+	t := time.NewTimer(p.cfg.UploadDelay.D())
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	if req.SHA256 != "" && rec.SHA256 != req.SHA256 {
+		return fmt.Errorf("fake: image %s: checksum %s, expected %s", req.Name, rec.SHA256, req.SHA256)
+	}
+	if p.uploadFails() {
+		return fmt.Errorf("fake: cloud %s: image %s went to %s during the upload", p.cfg.Cloud, rec.ID, ImageKilled)
+	}
+	return nil
 }
 
 func toImage(r *ImageRecord) drivers.Image {

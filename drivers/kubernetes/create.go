@@ -80,8 +80,6 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 	if err != nil {
 		return drivers.Step{}, err
 	}
-	cl := m.p.client
-	ns := m.st.Namespace
 	switch m.st.Step {
 	case stepStart:
 		m.st = createState{Step: stepNamespace, Namespace: namespaceName(m.req.Pool, m.req.NodeID, m.req.Attempt)}
@@ -90,77 +88,100 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 		}
 		return drivers.Step{}, nil
 	case stepNamespace:
-		if err := m.createNamespace(ctx, pool, pl); err != nil {
-			return drivers.Step{}, err
-		}
-		m.st.Step = stepAccount
-		return drivers.Step{}, nil
+		return m.advanceTo(stepAccount, m.createNamespace(ctx, pool, pl))
 	case stepAccount:
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: User}}
-		if _, err := cl.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return drivers.Step{}, classify(err, "creating service account "+ns+"/"+User)
-		}
-		m.st.Step = stepSecret
-		return drivers.Step{}, nil
+		return m.advanceTo(stepSecret, m.createAccount(ctx))
 	case stepSecret:
-		// A token that does not expire, as Nodepool's: the node may be
-		// held for days. kube-controller-manager fills it in.
-		sec := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: User, Annotations: map[string]string{corev1.ServiceAccountNameKey: User}},
-			Type:       corev1.SecretTypeServiceAccountToken,
-		}
-		if _, err := cl.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return drivers.Step{}, classify(err, "creating the token Secret "+ns+"/"+User)
-		}
-		m.st.Step = stepRole
-		return drivers.Step{}, nil
+		return m.advanceTo(stepRole, m.createSecret(ctx))
 	case stepRole:
-		if err := m.createRole(ctx, isPod(pl)); err != nil {
-			return drivers.Step{}, err
-		}
-		m.st.Step = stepToken
+		next := stepToken
 		if isPod(pl) {
-			m.st.Step = stepPod
+			next = stepPod
 		}
-		return drivers.Step{}, nil
+		return m.advanceTo(next, m.createRole(ctx, isPod(pl)))
 	case stepPod:
-		if err := m.createPod(ctx, pl); err != nil {
-			return drivers.Step{}, err
-		}
-		m.st.Step = stepRunning
-		return drivers.Step{}, nil
+		return m.advanceTo(stepRunning, m.createPod(ctx, pl))
 	case stepRunning:
-		pod, err := cl.CoreV1().Pods(ns).Get(ctx, m.st.Pod, metav1.GetOptions{})
-		if err != nil {
-			if apierrors.IsNotFound(err) {
-				return drivers.Step{}, fmt.Errorf("%w: pod %s/%s vanished before it ran", drivers.ErrNotFound, ns, m.st.Pod)
-			}
-			return drivers.Step{}, classify(err, "reading pod "+ns+"/"+m.st.Pod)
-		}
-		switch pod.Status.Phase {
-		case corev1.PodRunning:
-			m.st.Step = stepToken
-			return drivers.Step{}, nil
-		case corev1.PodFailed, corev1.PodSucceeded:
-			return drivers.Step{}, fmt.Errorf("pod %s/%s ended before the node was ready: %s", ns, m.st.Pod, podSummary(pod))
-		}
-		// Pending: scheduled, pulling the image, or waiting for room;
-		// the launcher's boot-timeout ends the wait, and Diagnose says
-		// which.
-		return drivers.Step{Wait: m.p.poll}, nil
+		return m.waitRunning(ctx)
 	case stepToken:
-		sec, err := cl.CoreV1().Secrets(ns).Get(ctx, User, metav1.GetOptions{})
-		if err != nil {
-			return drivers.Step{}, classify(err, "reading the token Secret "+ns+"/"+User)
-		}
-		token, ca := sec.Data[corev1.ServiceAccountTokenKey], sec.Data[corev1.ServiceAccountRootCAKey]
-		if len(token) == 0 || len(ca) == 0 {
-			return drivers.Step{Wait: m.p.poll}, nil
-		}
-		inst := m.instance(pl, string(token), ca)
-		return drivers.Step{Done: true, Instance: &inst}, nil
+		return m.waitToken(ctx, pl)
 	}
 	return drivers.Step{}, fmt.Errorf("kubernetes: unknown create step %q", m.st.Step)
+}
+
+// advanceTo goes on to the next step once this one is made (err is nil),
+// and fails otherwise.
+func (m *createMachine) advanceTo(next string, err error) (drivers.Step, error) {
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	m.st.Step = next
+	return drivers.Step{}, nil
+}
+
+// createAccount makes the node's service account, or finds it made.
+func (m *createMachine) createAccount(ctx context.Context) error {
+	ns := m.st.Namespace
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: User}}
+	if _, err := m.p.client.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return classify(err, "creating service account "+ns+"/"+User)
+	}
+	return nil
+}
+
+// createSecret makes the account's token Secret, or finds it made. A
+// token that does not expire, as Nodepool's: the node may be held for
+// days. kube-controller-manager fills it in.
+func (m *createMachine) createSecret(ctx context.Context) error {
+	ns := m.st.Namespace
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: User, Annotations: map[string]string{corev1.ServiceAccountNameKey: User}},
+		Type:       corev1.SecretTypeServiceAccountToken,
+	}
+	if _, err := m.p.client.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return classify(err, "creating the token Secret "+ns+"/"+User)
+	}
+	return nil
+}
+
+// waitRunning waits until the pod runs; a pod that vanished or ended
+// fails the attempt.
+func (m *createMachine) waitRunning(ctx context.Context) (drivers.Step, error) {
+	ns := m.st.Namespace
+	pod, err := m.p.client.CoreV1().Pods(ns).Get(ctx, m.st.Pod, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return drivers.Step{}, fmt.Errorf("%w: pod %s/%s vanished before it ran", drivers.ErrNotFound, ns, m.st.Pod)
+		}
+		return drivers.Step{}, classify(err, "reading pod "+ns+"/"+m.st.Pod)
+	}
+	switch pod.Status.Phase {
+	case corev1.PodRunning:
+		m.st.Step = stepToken
+		return drivers.Step{}, nil
+	case corev1.PodFailed, corev1.PodSucceeded:
+		return drivers.Step{}, fmt.Errorf("pod %s/%s ended before the node was ready: %s", ns, m.st.Pod, podSummary(pod))
+	}
+	// Pending: scheduled, pulling the image, or waiting for room;
+	// the launcher's boot-timeout ends the wait, and Diagnose says
+	// which.
+	return drivers.Step{Wait: m.p.poll}, nil
+}
+
+// waitToken waits until the token and CA certificate are in the token
+// Secret; then the node is ready.
+func (m *createMachine) waitToken(ctx context.Context, pl *config.PoolLabel) (drivers.Step, error) {
+	ns := m.st.Namespace
+	sec, err := m.p.client.CoreV1().Secrets(ns).Get(ctx, User, metav1.GetOptions{})
+	if err != nil {
+		return drivers.Step{}, classify(err, "reading the token Secret "+ns+"/"+User)
+	}
+	token, ca := sec.Data[corev1.ServiceAccountTokenKey], sec.Data[corev1.ServiceAccountRootCAKey]
+	if len(token) == 0 || len(ca) == 0 {
+		return drivers.Step{Wait: m.p.poll}, nil
+	}
+	inst := m.instance(pl, string(token), ca)
+	return drivers.Step{Done: true, Instance: &inst}, nil
 }
 
 // instance is the node's namespace as the launcher records it.

@@ -61,6 +61,23 @@ func (m *createMachine) podBody(pl *config.PoolLabel) map[string]any {
 		pod["spec"] = kl.Spec.Value
 		return pod
 	}
+	spec := map[string]any{"containers": []any{m.podContainer(kl)}, "restartPolicy": "Never"}
+	if len(kl.NodeSelector) > 0 {
+		spec["nodeSelector"] = maps.Clone(kl.NodeSelector)
+	}
+	if kl.SchedulerName != "" {
+		spec["schedulerName"] = kl.SchedulerName
+	}
+	if len(kl.Volumes) > 0 {
+		spec["volumes"] = rawList(kl.Volumes)
+	}
+	pod["spec"] = spec
+	return pod
+}
+
+// podContainer is the one container of a pod made from a label's image:
+// it sleeps, with the label's env, resources, volume mounts and privilege.
+func (m *createMachine) podContainer(kl *config.KubernetesLabel) map[string]any {
 	env := []any{}
 	for _, e := range kl.Env {
 		env = append(env, map[string]any{"name": e.Name, "value": e.Value})
@@ -73,6 +90,22 @@ func (m *createMachine) podBody(pl *config.PoolLabel) map[string]any {
 		"args":            []any{"while true; do sleep 30; done;"},
 		"env":             env,
 	}
+	if resources := containerResources(kl); len(resources) > 0 {
+		container["resources"] = resources
+	}
+	if len(kl.VolumeMounts) > 0 {
+		container["volumeMounts"] = rawList(kl.VolumeMounts)
+	}
+	if kl.Privileged != nil {
+		container["securityContext"] = map[string]any{"privileged": *kl.Privileged}
+	}
+	return container
+}
+
+// containerResources are the requests and limits of a label's container
+// (cpu, memory, ephemeral storage, and its GPU as both); empty when the
+// label sets none.
+func containerResources(kl *config.KubernetesLabel) map[string]any {
 	requests, limits := map[string]any{}, map[string]any{}
 	if kl.CPU > 0 {
 		requests["cpu"] = kl.CPU
@@ -103,27 +136,7 @@ func (m *createMachine) podBody(pl *config.PoolLabel) map[string]any {
 	if len(limits) > 0 {
 		resources["limits"] = limits
 	}
-	if len(resources) > 0 {
-		container["resources"] = resources
-	}
-	if len(kl.VolumeMounts) > 0 {
-		container["volumeMounts"] = rawList(kl.VolumeMounts)
-	}
-	if kl.Privileged != nil {
-		container["securityContext"] = map[string]any{"privileged": *kl.Privileged}
-	}
-	spec := map[string]any{"containers": []any{container}, "restartPolicy": "Never"}
-	if len(kl.NodeSelector) > 0 {
-		spec["nodeSelector"] = maps.Clone(kl.NodeSelector)
-	}
-	if kl.SchedulerName != "" {
-		spec["schedulerName"] = kl.SchedulerName
-	}
-	if len(kl.Volumes) > 0 {
-		spec["volumes"] = rawList(kl.Volumes)
-	}
-	pod["spec"] = spec
-	return pod
+	return resources
 }
 
 func rawList(l []config.RawYAML) []any {

@@ -25,7 +25,21 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 		carved = e.Value.Provider == p.cfg.Name
 		return !carved
 	})
-	held := 0
+	held, errs := p.withdrawRequests(ctx)
+	heldNodes, give := p.givable(carved)
+	held += heldNodes
+	now := time.Now().UTC()
+	for _, id := range give {
+		if err := p.giveBack(ctx, id, now); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return held, errors.Join(errs...)
+}
+
+// withdrawRequests deletes the backing requests of ours; it returns how
+// many there were, and why those that could not be deleted could not.
+func (p *Provider) withdrawRequests(ctx context.Context) (int, []error) {
 	var errs []error
 	var requests []kv.Entry[kv.Request]
 	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
@@ -35,11 +49,17 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 		return true
 	})
 	for _, e := range requests {
-		held++
 		if err := p.b.Requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, kv.ErrNotFound) && !errors.Is(err, kv.ErrConflict) {
 			errs = append(errs, fmt.Errorf("withdrawing backing request %s: %w", e.Key, err))
 		}
 	}
+	return len(requests), errs
+}
+
+// givable counts the backing nodes the provider holds, and returns those
+// it can give back now: those no carved node uses a slot of.
+func (p *Provider) givable(carved bool) (int, []string) {
+	held := 0
 	var give []string
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		d, isHeld, err := p.held(&e.Value)
@@ -54,26 +74,29 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 		}
 		return true
 	})
-	now := time.Now().UTC()
-	for _, id := range give {
-		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
-			d, isHeld, err := p.held(n)
-			if !isHeld || (err == nil && d.Used() > 0) {
-				return kv.ErrSkip
-			}
-			if err == nil {
-				d.Released = &now
-				n.UserData = encodeJSON(d)
-			}
-			n.SetState(kv.NodeUsed, now)
-			return nil
-		})
-		switch {
-		case err == nil:
-			p.log.Info("gave back a backing node of a removed provider", "backing_node", id)
-		case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound):
-			errs = append(errs, fmt.Errorf("giving back backing node %s: %w", id, err))
+	return held, give
+}
+
+// giveBack gives a backing node of a removed provider back (used), unless
+// a slot of it was taken meanwhile.
+func (p *Provider) giveBack(ctx context.Context, id string, now time.Time) error {
+	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		d, isHeld, err := p.held(n)
+		if !isHeld || (err == nil && d.Used() > 0) {
+			return kv.ErrSkip
 		}
+		if err == nil {
+			d.Released = &now
+			n.UserData = encodeJSON(d)
+		}
+		n.SetState(kv.NodeUsed, now)
+		return nil
+	})
+	switch {
+	case err == nil:
+		p.log.Info("gave back a backing node of a removed provider", "backing_node", id)
+	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound):
+		return fmt.Errorf("giving back backing node %s: %w", id, err)
 	}
-	return held, errors.Join(errs...)
+	return nil
 }

@@ -137,6 +137,29 @@ func (m *manager) pass(ctx context.Context) {
 	// Backing requests, as they are now (one view for the whole pass):
 	// take what was fulfilled first, so that the slots it brings count
 	// below; fail what is not valid.
+	requests := m.readRequests(ctx, now)
+	untaken := m.adoptFulfilled(ctx, requests)
+
+	backings := p.backings()
+	m.releaseUnreadable(ctx)
+	waiting, waitingIn := m.waitingNodes(allocatedNodes(backings))
+
+	m.dropOrphans(ctx, backings)
+	for _, r := range requests {
+		if r.Value.State == kv.RequestFailed {
+			m.guard("request", r.Key, r.Revision, func() { m.clearFailed(ctx, r.Entry, waiting, now) })
+		}
+	}
+
+	d := m.count(requests, untaken, backings, now)
+	m.coverWaiting(ctx, waiting, d, now)
+	m.releaseIdle(ctx, backings, waitingIn, now)
+}
+
+// readRequests returns the backing requests of ours that are valid, and
+// fails (or, failed long enough, deletes) those that are not.
+func (m *manager) readRequests(ctx context.Context, now time.Time) []ourRequest {
+	p := m.p
 	type refused struct {
 		e   kv.Entry[kv.Request]
 		why error
@@ -157,7 +180,13 @@ func (m *manager) pass(ctx context.Context) {
 	for _, x := range invalid {
 		m.guard("request", x.e.Key, x.e.Revision, func() { m.refuse(ctx, x.e, x.why, now) })
 	}
-	untaken := map[string]bool{} // fulfilled requests whose node is still to take
+	return requests
+}
+
+// adoptFulfilled takes the backing nodes of the fulfilled requests; it
+// returns the fulfilled requests whose node is still to take.
+func (m *manager) adoptFulfilled(ctx context.Context, requests []ourRequest) map[string]bool {
+	untaken := map[string]bool{}
 	for _, r := range requests {
 		if r.Value.State != kv.RequestFulfilled {
 			continue
@@ -169,14 +198,15 @@ func (m *manager) pass(ctx context.Context) {
 			}
 		})
 	}
+	return untaken
+}
 
-	backings := p.backings()
-	allocated := allocatedNodes(backings)
-	m.releaseUnreadable(ctx)
-
-	// Waiting carved nodes: building, their machine found no slot.
+// waitingNodes are the carved nodes that wait for a slot (building, their
+// machine found none), by id, and how many wait by backing label.
+func (m *manager) waitingNodes(allocated map[string]bool) (map[string]*kv.Node, map[string]int) {
+	p := m.p
 	waiting := map[string]*kv.Node{}
-	waitingIn := map[string]int{} // by backing label
+	waitingIn := map[string]int{}
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := &e.Value
 		if n.Provider != p.cfg.Name || n.State != kv.NodeBuilding || allocated[e.Key] || len(n.Labels) == 0 {
@@ -189,63 +219,79 @@ func (m *manager) pass(ctx context.Context) {
 		}
 		return true
 	})
+	return waiting, waitingIn
+}
 
-	m.dropOrphans(ctx, backings)
-	for _, r := range requests {
-		if r.Value.State == kv.RequestFailed {
-			m.guard("request", r.Key, r.Revision, func() { m.clearFailed(ctx, r.Entry, waiting, now) })
-		}
-	}
+// demand is what a pass counts of the backing labels' slots.
+type demand struct {
+	// open are the backing requests not yet fulfilled, by backing label.
+	open map[string][]ourRequest
+	// room is the room for waiting nodes, by backing label: the free
+	// slots of backing nodes and of fulfilled requests whose node is
+	// still to take, which the nodes' machines take themselves, and the
+	// slots of backing requests not yet fulfilled (their node booting),
+	// which the nodes they list are waiting for.
+	room map[string]int
+	// covered are the nodes listed by a backing request not fulfilled,
+	// or failed.
+	covered map[string]bool
+}
 
-	// Room for waiting nodes, by backing label: the free slots of backing
-	// nodes and of fulfilled requests whose node is still to take, which
-	// the nodes' machines take themselves, and the slots of backing
-	// requests not yet fulfilled (their node booting), which the nodes
-	// they list are waiting for.
-	open := map[string][]ourRequest{}
-	room := map[string]int{}
-	covered := map[string]bool{} // listed by a backing request not fulfilled, or failed
+// count counts the room for waiting nodes that backing requests (those
+// of the records, and those filed in this term whose records have not
+// shown up yet) and backing nodes make.
+func (m *manager) count(requests []ourRequest, untaken map[string]bool, backings []backing, now time.Time) demand {
+	d := demand{open: map[string][]ourRequest{}, room: map[string]int{}, covered: map[string]bool{}}
 	for _, r := range requests {
 		delete(m.filed, r.Key)
 		group := r.Value.Labels[0]
 		switch r.Value.State {
 		case kv.RequestRequested, kv.RequestPending:
-			open[group] = append(open[group], r)
+			d.open[group] = append(d.open[group], r)
 		case kv.RequestFulfilled:
 			if untaken[r.Key] {
-				room[group] += r.data.Slots
+				d.room[group] += r.data.Slots
 			}
 			continue
 		}
 		for _, id := range r.data.Nodes {
-			covered[id] = true
+			d.covered[id] = true
 		}
 	}
+	m.countFiled(d, now)
+	for _, b := range backings {
+		if !m.p.retired(&b, now) {
+			d.room[b.group] += b.data.Slots - b.data.Used()
+		}
+	}
+	return d
+}
+
+// countFiled counts the backing requests filed in this term whose records
+// have not shown up yet, and forgets those filed too long ago.
+func (m *manager) countFiled(d demand, now time.Time) {
 	for id, f := range m.filed {
 		if now.Sub(f.at) > filedTimeout {
 			delete(m.filed, id)
 			continue
 		}
 		for _, nid := range f.data.Nodes {
-			covered[nid] = true
+			d.covered[nid] = true
 		}
 		// Its room is filled once its record shows up.
-		room[f.group] += f.data.Slots - len(f.data.Nodes)
+		d.room[f.group] += f.data.Slots - len(f.data.Nodes)
 	}
-	for _, b := range backings {
-		if !p.retired(&b, now) {
-			room[b.group] += b.data.Slots - b.data.Used()
-		}
-	}
+}
 
-	// Waiting nodes that no request covers get free slots, room in open
-	// requests, or new backing requests.
+// coverWaiting gives the waiting nodes that no request covers free slots,
+// room in open requests, or new backing requests.
+func (m *manager) coverWaiting(ctx context.Context, waiting map[string]*kv.Node, d demand, now time.Time) {
 	uncovered := map[string][]*kv.Node{}
 	for id, n := range waiting {
-		if covered[id] {
+		if d.covered[id] {
 			continue
 		}
-		if group := p.backingLabel(n.Pool, n.Labels[0]); group != "" {
+		if group := m.p.backingLabel(n.Pool, n.Labels[0]); group != "" {
 			uncovered[group] = append(uncovered[group], n)
 		}
 	}
@@ -253,30 +299,40 @@ func (m *manager) pass(ctx context.Context) {
 		slices.SortFunc(nodes, func(a, b *kv.Node) int {
 			return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
-		skip := min(len(nodes), max(room[group], 0))
-		m.cover(ctx, group, nodes[skip:], open[group], now)
+		skip := min(len(nodes), max(d.room[group], 0))
+		m.cover(ctx, group, nodes[skip:], d.open[group], now)
 	}
+}
 
-	// Give back backing nodes that are no longer needed.
+// releaseIdle gives back the backing nodes that are no longer needed.
+func (m *manager) releaseIdle(ctx context.Context, backings []backing, waitingIn map[string]int, now time.Time) {
 	for _, b := range backings {
-		if b.data.Used() > 0 {
-			continue
+		if b.data.Used() == 0 && m.p.unneeded(&b, waitingIn, now) {
+			m.release(ctx, b.Key, now)
 		}
-		lc, known := p.settings(b.group)
-		retired := p.retired(&b, now)
-		idleSince := b.data.Taken
-		if b.data.IdleSince != nil {
-			idleSince = *b.data.IdleSince
-		}
-		switch {
-		case !known, retired:
-		case waitingIn[b.group] > 0:
-			continue // a waiting node is about to take a slot
-		case now.Sub(idleSince) < lc.GraceTime.D(), now.Sub(b.Value.Created) < lc.MinRetentionTime.D():
-			continue
-		}
-		m.release(ctx, b.Key, now)
 	}
+}
+
+// unneeded reports whether an empty backing node is to be given back: it
+// is retired, or its backing label is no longer configured; or no carved
+// node waits to take a slot of it and it stayed empty for grace-time and
+// was kept for min-retention-time.
+func (p *Provider) unneeded(b *backing, waitingIn map[string]int, now time.Time) bool {
+	lc, known := p.settings(b.group)
+	retired := p.retired(b, now)
+	idleSince := b.data.Taken
+	if b.data.IdleSince != nil {
+		idleSince = *b.data.IdleSince
+	}
+	switch {
+	case !known, retired:
+		return true
+	case waitingIn[b.group] > 0:
+		return false // a waiting node is about to take a slot
+	case now.Sub(idleSince) < lc.GraceTime.D(), now.Sub(b.Value.Created) < lc.MinRetentionTime.D():
+		return false
+	}
+	return true
 }
 
 // allocatedNodes is the set of carved nodes that have a slot.
@@ -366,11 +422,30 @@ func (m *manager) releaseUnreadable(ctx context.Context) {
 // that is gone. A node seen so in two passes in a row goes; one allocated
 // to a request is then replaced by that request's pool.
 func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
-	p := m.p
 	ours := map[string]bool{}
 	for _, b := range backings {
 		ours[b.Key] = true
 	}
+	seen := m.orphaned(ours)
+	for id := range m.orphans {
+		if !seen[id] {
+			delete(m.orphans, id)
+		}
+	}
+	for id := range seen {
+		m.orphans[id]++
+		if m.orphans[id] < 2 {
+			continue
+		}
+		m.deleteOrphan(ctx, id, ours)
+		delete(m.orphans, id)
+	}
+}
+
+// orphaned is the set of ready carved nodes whose backing node is not
+// one of ours.
+func (m *manager) orphaned(ours map[string]bool) map[string]bool {
+	p := m.p
 	seen := map[string]bool{}
 	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		n := &e.Value
@@ -382,31 +457,26 @@ func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
 		}
 		return true
 	})
-	for id := range m.orphans {
-		if !seen[id] {
-			delete(m.orphans, id)
+	return seen
+}
+
+// deleteOrphan deletes a ready carved node whose backing node is still not
+// one of ours.
+func (m *manager) deleteOrphan(ctx context.Context, id string, ours map[string]bool) {
+	p := m.p
+	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		d, err := decodeCarved(n.DriverData)
+		if n.State != kv.NodeReady || err != nil || ours[d.BackingNode] {
+			return kv.ErrSkip
 		}
-	}
-	for id := range seen {
-		m.orphans[id]++
-		if m.orphans[id] < 2 {
-			continue
-		}
-		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
-			d, err := decodeCarved(n.DriverData)
-			if n.State != kv.NodeReady || err != nil || ours[d.BackingNode] {
-				return kv.ErrSkip
-			}
-			p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
-			n.SetState(kv.NodeDeleting, time.Now().UTC())
-			n.Launcher = ""
-			n.Comment = "backing node " + d.BackingNode + " is gone"
-			return nil
-		})
-		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
-			p.log.Warn("could not delete orphaned carved node", "node", id, "err", err)
-		}
-		delete(m.orphans, id)
+		p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
+		n.SetState(kv.NodeDeleting, time.Now().UTC())
+		n.Launcher = ""
+		n.Comment = "backing node " + d.BackingNode + " is gone"
+		return nil
+	})
+	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+		p.log.Warn("could not delete orphaned carved node", "node", id, "err", err)
 	}
 }
 
@@ -417,11 +487,10 @@ var errNotOpen = errors.New("backing request no longer open")
 // backing label into open backing requests with room, and files new
 // backing requests for the rest.
 func (m *manager) cover(ctx context.Context, group string, nodes []*kv.Node, open []ourRequest, now time.Time) {
-	p := m.p
 	if len(nodes) == 0 {
 		return
 	}
-	lc, ok := p.settings(group)
+	lc, ok := m.p.settings(group)
 	if !ok {
 		return
 	}
@@ -429,84 +498,124 @@ func (m *manager) cover(ctx context.Context, group string, nodes []*kv.Node, ope
 	for i, n := range nodes {
 		ids[i] = n.ID
 	}
-	stillWaiting := func(id string) bool {
-		ce, ok := p.nodes.Get(id)
-		return ok && ce.Value.State == kv.NodeBuilding
+	ids, ok = m.joinOpen(ctx, ids, open)
+	if !ok {
+		return
 	}
+	m.fileRequests(ctx, group, ids, slotsOf(lc), now)
+}
+
+// stillWaiting reports whether a carved node still waits for its slot.
+func (m *manager) stillWaiting(id string) bool {
+	ce, ok := m.p.nodes.Get(id)
+	return ok && ce.Value.State == kv.NodeBuilding
+}
+
+// joinOpen puts carved nodes into open backing requests with room, and
+// returns those left. It reports false when a request was fulfilled (or
+// went) since the pass looked: its slots may be the room these nodes
+// need, and the change brings another pass, which counts again.
+func (m *manager) joinOpen(ctx context.Context, ids []string, open []ourRequest) ([]string, bool) {
 	for _, r := range open {
 		if len(ids) == 0 {
-			return
+			break
 		}
-		live := 0
-		for _, id := range r.data.Nodes {
-			if stillWaiting(id) {
-				live++
-			}
-		}
-		if live >= r.data.Slots {
+		if m.full(r) {
 			continue
 		}
-		var added []string
-		_, err := p.requests.Modify(ctx, r.Key, func(req *kv.Request) error {
-			if req.State != kv.RequestRequested && req.State != kv.RequestPending {
-				return errNotOpen
-			}
-			d, ours, err := p.backingRequest(req)
-			if !ours || err != nil {
-				return kv.ErrSkip
-			}
-			// Nodes that stopped waiting (failed, deleted) leave room.
-			d.Nodes = slices.DeleteFunc(d.Nodes, func(id string) bool { return !stillWaiting(id) })
-			room := d.Slots - len(d.Nodes)
-			if room <= 0 {
-				return kv.ErrSkip
-			}
-			added = nil
-			for _, id := range ids {
-				if len(added) == room {
-					break
-				}
-				if !slices.Contains(d.Nodes, id) {
-					added = append(added, id)
-				}
-			}
-			d.Nodes = append(d.Nodes, added...)
-			req.RequestorData = encodeJSON(d)
-			return nil
-		})
+		added, err := m.join(ctx, r.Key, ids)
 		switch {
 		case errors.Is(err, errNotOpen), errors.Is(err, kv.ErrNotFound):
-			// Fulfilled (or gone) since this pass looked: its slots may
-			// be the room these nodes need. The change brings another
-			// pass, which counts again.
-			return
+			return nil, false
 		case err != nil:
 			continue
 		}
 		ids = slices.DeleteFunc(ids, func(id string) bool { return slices.Contains(added, id) })
 	}
-	slots := slotsOf(lc)
+	return ids, true
+}
+
+// full reports whether as many carved nodes as an open backing request
+// has slots still wait for it.
+func (m *manager) full(r ourRequest) bool {
+	live := 0
+	for _, id := range r.data.Nodes {
+		if m.stillWaiting(id) {
+			live++
+		}
+	}
+	return live >= r.data.Slots
+}
+
+// join adds carved nodes to an open backing request, as many as it has
+// room for, and returns those it added.
+func (m *manager) join(ctx context.Context, key string, ids []string) ([]string, error) {
+	p := m.p
+	var added []string
+	_, err := p.requests.Modify(ctx, key, func(req *kv.Request) error {
+		if req.State != kv.RequestRequested && req.State != kv.RequestPending {
+			return errNotOpen
+		}
+		d, ours, err := p.backingRequest(req)
+		if !ours || err != nil {
+			return kv.ErrSkip
+		}
+		// Nodes that stopped waiting (failed, deleted) leave room.
+		d.Nodes = slices.DeleteFunc(d.Nodes, func(id string) bool { return !m.stillWaiting(id) })
+		room := d.Slots - len(d.Nodes)
+		if room <= 0 {
+			return kv.ErrSkip
+		}
+		added = nil
+		for _, id := range ids {
+			if len(added) == room {
+				break
+			}
+			if !slices.Contains(d.Nodes, id) {
+				added = append(added, id)
+			}
+		}
+		d.Nodes = append(d.Nodes, added...)
+		req.RequestorData = encodeJSON(d)
+		return nil
+	})
+	return added, err
+}
+
+// fileRequests files backing requests of slots slots each for carved
+// nodes, until they are all covered or one cannot be filed.
+func (m *manager) fileRequests(ctx context.Context, group string, ids []string, slots int, now time.Time) {
 	for len(ids) > 0 {
 		n := min(len(ids), slots)
 		chunk := ids[:n]
 		ids = ids[n:]
-		first, _ := p.nodes.Get(chunk[0])
-		label := ""
-		if len(first.Value.Labels) > 0 {
-			label = first.Value.Labels[0]
-		}
-		id := newRequestID()
-		d := RequestData{Provider: p.cfg.Name, Pool: first.Value.Pool, Label: label, Slots: slots, Nodes: slices.Clone(chunk)}
-		msg := events.RequestMessage{ID: id, Labels: []string{group}, Requestor: p.me, RequestorData: encodeJSON(d)}
-		if _, err := events.PublishRequest(ctx, p.js, msg); err != nil {
-			if ctx.Err() == nil {
-				p.log.Warn("could not request a backing node", "label", group, "err", err)
-			}
+		if !m.fileRequest(ctx, group, chunk, slots, now) {
 			return
 		}
-		m.filed[id] = filed{group: group, data: d, at: now}
-		p.log.Info("requested a backing node", "request", id, "backing_label", group, "waiting", chunk)
 	}
+}
+
+// fileRequest files a backing request for carved nodes, named after the
+// first one's pool and label; it reports false when it could not.
+func (m *manager) fileRequest(ctx context.Context, group string, chunk []string, slots int, now time.Time) bool {
+	p := m.p
+	first, _ := p.nodes.Get(chunk[0])
+	label := ""
+	if len(first.Value.Labels) > 0 {
+		label = first.Value.Labels[0]
+	}
+	id := newRequestID()
+	d := RequestData{Provider: p.cfg.Name, Pool: first.Value.Pool, Label: label, Slots: slots, Nodes: slices.Clone(chunk)}
+	msg := events.RequestMessage{ID: id, Labels: []string{group}, Requestor: p.me, RequestorData: encodeJSON(d)}
+	if _, err := events.PublishRequest(ctx, p.js, msg); err != nil {
+		if ctx.Err() == nil {
+			p.log.Warn("could not request a backing node", "label", group, "err", err)
+		}
+		return false
+	}
+	m.filed[id] = filed{group: group, data: d, at: now}
+	p.log.Info("requested a backing node", "request", id, "backing_label", group, "waiting", chunk)
+	return true
 }
 
 // adopt takes the backing node of a fulfilled backing request, as any

@@ -207,32 +207,8 @@ func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, 
 	if p.awaitsBackingNode(nodeID) {
 		return "", -1, nil
 	}
-	var candidates []backing
-	for _, b := range all {
-		if b.group == group && b.data.Used() < b.data.Slots && !p.retired(&b, now) {
-			candidates = append(candidates, b)
-		}
-	}
-	// Fill the fullest first, so that idle ones empty out and go back.
-	slices.SortFunc(candidates, func(a, b backing) int {
-		if a.data.Used() != b.data.Used() {
-			return b.data.Used() - a.data.Used()
-		}
-		return a.Value.Created.Compare(b.Value.Created)
-	})
-	for _, b := range candidates {
-		slot := -1
-		_, err := p.nodes.Modify(ctx, b.Key, func(n *kv.Node) error {
-			d, ok := p.owned(n)
-			if !ok || n.Labels[0] != group || d.Failed != "" || n.InstanceDown != "" {
-				return errNoSlot
-			}
-			if slot = d.allocate(nodeID); slot < 0 {
-				return errNoSlot
-			}
-			n.UserData = encodeJSON(d)
-			return nil
-		})
+	for _, b := range p.candidates(all, group, now) {
+		slot, err := p.takeSlot(ctx, b.Key, nodeID, group)
 		switch {
 		case err == nil:
 			p.log.Debug("slot allocated", "node", nodeID, "backing_node", b.Key, "slot", slot)
@@ -244,6 +220,43 @@ func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, 
 		}
 	}
 	return "", -1, nil
+}
+
+// candidates are the backing nodes of a backing label that have a free
+// slot and are not retired, in the order they are to be filled: the
+// fullest first, so that idle ones empty out and go back, then the oldest.
+func (p *Provider) candidates(all []backing, group string, now time.Time) []backing {
+	var candidates []backing
+	for _, b := range all {
+		if b.group == group && b.data.Used() < b.data.Slots && !p.retired(&b, now) {
+			candidates = append(candidates, b)
+		}
+	}
+	slices.SortFunc(candidates, func(a, b backing) int {
+		if a.data.Used() != b.data.Used() {
+			return b.data.Used() - a.data.Used()
+		}
+		return a.Value.Created.Compare(b.Value.Created)
+	})
+	return candidates
+}
+
+// takeSlot gives a carved node a free slot of a backing node, with a
+// revision-checked update; errNoSlot says it has none (any more).
+func (p *Provider) takeSlot(ctx context.Context, backingNode, nodeID, group string) (int, error) {
+	slot := -1
+	_, err := p.nodes.Modify(ctx, backingNode, func(n *kv.Node) error {
+		d, ok := p.owned(n)
+		if !ok || n.Labels[0] != group || d.Failed != "" || n.InstanceDown != "" {
+			return errNoSlot
+		}
+		if slot = d.allocate(nodeID); slot < 0 {
+			return errNoSlot
+		}
+		n.UserData = encodeJSON(d)
+		return nil
+	})
+	return slot, err
 }
 
 // deallocate frees a carved node's slot, wherever it is.

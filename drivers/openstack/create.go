@@ -119,33 +119,11 @@ func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 	}
 	switch m.st.Step {
 	case stepStart:
-		azs, err := p.availabilityZones(ctx, cl, pool)
-		if err != nil {
-			return drivers.Step{}, err
-		}
-		m.st = createState{Step: stepServer, AZ: chooseAZ(&m.req, azs)}
-		if pl.BootFromVolume {
-			m.st.Step = stepVolume
-			if err := m.dropOldVolumes(ctx, cl); err != nil {
-				return drivers.Step{}, err
-			}
-		}
-		return drivers.Step{}, nil
+		return m.start(ctx, cl, pool, pl)
 	case stepVolume:
 		return m.createVolume(ctx, cl, pl)
 	case stepVolumeWait:
-		v, err := volumes.Get(ctx, cl.volume, m.st.Volume).Extract()
-		if err != nil {
-			return drivers.Step{}, wrapf(err, "volume %s", m.st.Volume)
-		}
-		switch v.Status {
-		case "available":
-			m.st.Step = stepServer
-			return drivers.Step{}, nil
-		case "creating", "downloading":
-			return drivers.Step{Wait: pollInterval}, nil
-		}
-		return drivers.Step{}, fmt.Errorf("boot volume %s is %s", v.ID, v.Status)
+		return m.waitVolume(ctx, cl)
 	case stepServer:
 		return m.createServer(ctx, cl, pool, pl)
 	case stepBoot:
@@ -156,6 +134,39 @@ func (m *createMachine) advance(ctx context.Context) (drivers.Step, error) {
 		return m.scan(ctx, pool, pl)
 	}
 	return drivers.Step{}, fmt.Errorf("openstack: unknown create step %q", m.st.Step)
+}
+
+// start chooses the availability zone, and the first step: the boot
+// volume (after deleting those earlier attempts left), or the server.
+func (m *createMachine) start(ctx context.Context, cl *clients, pool *config.Pool, pl *config.PoolLabel) (drivers.Step, error) {
+	azs, err := m.p.availabilityZones(ctx, cl, pool)
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	m.st = createState{Step: stepServer, AZ: chooseAZ(&m.req, azs)}
+	if pl.BootFromVolume {
+		m.st.Step = stepVolume
+		if err := m.dropOldVolumes(ctx, cl); err != nil {
+			return drivers.Step{}, err
+		}
+	}
+	return drivers.Step{}, nil
+}
+
+// waitVolume waits until the boot volume is available.
+func (m *createMachine) waitVolume(ctx context.Context, cl *clients) (drivers.Step, error) {
+	v, err := volumes.Get(ctx, cl.volume, m.st.Volume).Extract()
+	if err != nil {
+		return drivers.Step{}, wrapf(err, "volume %s", m.st.Volume)
+	}
+	switch v.Status {
+	case "available":
+		m.st.Step = stepServer
+		return drivers.Step{}, nil
+	case "creating", "downloading":
+		return drivers.Step{Wait: pollInterval}, nil
+	}
+	return drivers.Step{}, fmt.Errorf("boot volume %s is %s", v.ID, v.Status)
 }
 
 // tags are the metadata of the node's server and volume: the launcher's
@@ -258,20 +269,55 @@ func (m *createMachine) createVolume(ctx context.Context, cl *clients, pl *confi
 func (m *createMachine) createServer(ctx context.Context, cl *clients, pool *config.Pool, pl *config.PoolLabel) (drivers.Step, error) {
 	p := m.p
 	if m.mayExist {
-		all, err := p.watch.snapshot(ctx, 0)
-		if err != nil {
+		found, err := m.findServer(ctx)
+		if err != nil || found {
 			return drivers.Step{}, err
 		}
-		for _, s := range all {
-			if m.ours(s.Metadata) && s.Status != "ERROR" && s.TaskState != "deleting" {
-				m.st.Server, m.st.Step, m.mayExist = s.ID, stepBoot, false
-				return drivers.Step{}, nil
-			}
-		}
 	}
-	flavor, err := p.flavorFor(ctx, cl, pl)
+	opts, err := m.serverOpts(ctx, cl, pool, pl)
 	if err != nil {
 		return drivers.Step{}, err
+	}
+	m.mayExist = true // until the answer says what became of it
+	s, err := servers.Create(ctx, cl.compute, keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: pl.KeyName}, nil).Extract()
+	if err != nil {
+		err = classify(err)
+		if refused(err) {
+			m.mayExist = false // refused: nothing was made
+		}
+		if errors.Is(err, drivers.ErrNotFound) {
+			// The image or network went away: look it up again next time.
+			p.forgetLookups(pool, pl)
+		}
+		return drivers.Step{}, wrapf(err, "creating server %s", m.req.Hostname)
+	}
+	m.st.Server, m.st.Step, m.mayExist = s.ID, stepBoot, false
+	return drivers.Step{}, nil
+}
+
+// findServer looks for a server of this attempt that an earlier create
+// call made (one not in ERROR nor being deleted), and goes on to wait for
+// its boot if there is one.
+func (m *createMachine) findServer(ctx context.Context) (bool, error) {
+	all, err := m.p.watch.snapshot(ctx, 0)
+	if err != nil {
+		return false, err
+	}
+	for _, s := range all {
+		if m.ours(s.Metadata) && s.Status != "ERROR" && s.TaskState != "deleting" {
+			m.st.Server, m.st.Step, m.mayExist = s.ID, stepBoot, false
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// serverOpts is the create call of the node's server: its flavor, its
+// boot volume or image, networks, user data, config drive and metadata.
+func (m *createMachine) serverOpts(ctx context.Context, cl *clients, pool *config.Pool, pl *config.PoolLabel) (servers.CreateOpts, error) {
+	flavor, err := m.p.flavorFor(ctx, cl, pl)
+	if err != nil {
+		return servers.CreateOpts{}, err
 	}
 	opts := servers.CreateOpts{
 		Name: m.req.Hostname, FlavorRef: flavor.ID, AvailabilityZone: m.st.AZ,
@@ -281,55 +327,63 @@ func (m *createMachine) createServer(ctx context.Context, cl *clients, pool *con
 		opts.BlockDevice = []servers.BlockDevice{{BootIndex: 0, UUID: m.st.Volume, SourceType: servers.SourceVolume,
 			DestinationType: servers.DestinationVolume, DeleteOnTermination: true}}
 	} else if opts.ImageRef, err = m.imageRef(ctx, cl, pl); err != nil {
-		return drivers.Step{}, err
+		return servers.CreateOpts{}, err
 	}
 	if nets := pool.LabelNetworks(pl); len(nets) > 0 {
-		var list []servers.Network
-		for _, n := range nets {
-			id, err := p.resolve(ctx, "network", n, p.findNetwork(cl))
-			if err != nil {
-				return drivers.Step{}, err
-			}
-			list = append(list, servers.Network{UUID: id})
+		if opts.Networks, err = m.p.serverNetworks(ctx, cl, nets); err != nil {
+			return servers.CreateOpts{}, err
 		}
-		opts.Networks = list
 	}
 	if pl.Userdata != "" {
 		opts.UserData = []byte(pl.Userdata)
 	}
 	opts.ConfigDrive = m.configDrive(pl)
+	if err := m.addProperties(opts.Metadata, pl); err != nil {
+		return servers.CreateOpts{}, err
+	}
+	return opts, nil
+}
+
+// serverNetworks are the networks a server is put on, looked up by name.
+func (p *Provider) serverNetworks(ctx context.Context, cl *clients, nets []string) ([]servers.Network, error) {
+	var list []servers.Network
+	for _, n := range nets {
+		id, err := p.resolve(ctx, "network", n, p.findNetwork(cl))
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, servers.Network{UUID: id})
+	}
+	return list, nil
+}
+
+// addProperties adds the label's instance-properties and its
+// dynamic-instance-properties, filled from the request, to a server's
+// metadata.
+func (m *createMachine) addProperties(md map[string]string, pl *config.PoolLabel) error {
 	for k, v := range pl.InstanceProperties {
-		opts.Metadata[k] = v
+		md[k] = v
 	}
 	for k, tmpl := range pl.DynamicInstanceProperties {
 		v, err := config.ExpandRequestTemplate(tmpl, m.requestField)
 		if err != nil {
-			return drivers.Step{}, fmt.Errorf("label %s: dynamic-instance-properties %s: %w", pl.Name, k, err)
+			return fmt.Errorf("label %s: dynamic-instance-properties %s: %w", pl.Name, k, err)
 		}
-		opts.Metadata[k] = v
+		md[k] = v
 	}
-	m.mayExist = true // until the answer says what became of it
-	s, err := servers.Create(ctx, cl.compute, keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: pl.KeyName}, nil).Extract()
-	if err != nil {
-		err = classify(err)
-		var ce *cloudError
-		if errors.As(err, &ce) && ce.status >= 400 && ce.status < 500 {
-			m.mayExist = false // refused: nothing was made
-		}
-		if errors.Is(err, drivers.ErrNotFound) {
-			// The image or network went away: look it up again next time.
-			if ci, ok := p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
-				p.forget("image-name", ci.ImageName)
-				p.forget("image", ci.Name)
-			}
-			for _, n := range pool.LabelNetworks(pl) {
-				p.forget("network", n)
-			}
-		}
-		return drivers.Step{}, wrapf(err, "creating server %s", m.req.Hostname)
+	return nil
+}
+
+// forgetLookups forgets the label's image and networks as looked up, so
+// that the next create looks them up again.
+func (p *Provider) forgetLookups(pool *config.Pool, pl *config.PoolLabel) {
+	if ci, ok := p.cfg.OpenStackCloudImage(pl.CloudImage); ok {
+		p.forget("image-name", ci.ImageName)
+		p.forget("image", ci.Name)
 	}
-	m.st.Server, m.st.Step, m.mayExist = s.ID, stepBoot, false
-	return drivers.Step{}, nil
+	for _, n := range pool.LabelNetworks(pl) {
+		p.forget("network", n)
+	}
 }
 
 // configDrive is the config-drive of the label's image (nil: the cloud's

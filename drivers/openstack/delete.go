@@ -63,102 +63,135 @@ func (m *deleteMachine) State() json.RawMessage {
 
 func (m *deleteMachine) ExternalID() string { return m.st.Server }
 
+// Advance makes the machine's next step.
 func (m *deleteMachine) Advance(ctx context.Context) (drivers.Step, error) {
-	p := m.p
-	cl, err := p.client(ctx)
+	cl, err := m.p.client(ctx)
 	if err != nil {
 		return drivers.Step{}, err
 	}
 	switch m.st.Step {
 	case delInspect:
-		s, err := servers.Get(ctx, cl.compute, m.st.Server).Extract()
-		if err != nil {
-			if err = classify(err); notFound(err) {
-				m.st.Step = delDone
-				return drivers.Step{Done: true}, nil
-			}
-			return drivers.Step{}, wrapf(err, "reading server %s", m.st.Server)
-		}
-		for _, v := range s.AttachedVolumes {
-			m.st.Volumes = append(m.st.Volumes, v.ID)
-		}
-		m.st.Step = delRelease
-		if !p.createsFloatingIPs() && !hasFloatingIP(s.Addresses) {
-			// Nodepool made no floating IP for it: no need to look.
-			return drivers.Step{}, nil
-		}
-		pages, err := ports.List(cl.network, ports.ListOpts{DeviceID: s.ID}).AllPages(ctx)
-		if err != nil {
-			return drivers.Step{}, wrapf(err, "listing the ports of server %s", s.ID)
-		}
-		pl, err := ports.ExtractPorts(pages)
-		if err != nil {
-			return drivers.Step{}, err
-		}
-		for _, port := range pl {
-			fp, err := floatingips.List(cl.network, floatingips.ListOpts{PortID: port.ID}).AllPages(ctx)
-			if err != nil {
-				return drivers.Step{}, wrapf(err, "listing floating IPs")
-			}
-			fl, err := floatingips.ExtractFloatingIPs(fp)
-			if err != nil {
-				return drivers.Step{}, err
-			}
-			for _, f := range fl {
-				m.st.FloatingIPs = append(m.st.FloatingIPs, f.ID)
-			}
-		}
-		return drivers.Step{}, nil
+		return m.inspect(ctx, cl)
 	case delRelease:
-		for len(m.st.FloatingIPs) > 0 {
-			id := m.st.FloatingIPs[0]
-			if err := floatingips.Delete(ctx, cl.network, id).ExtractErr(); err != nil && !notFound(classify(err)) {
-				return drivers.Step{}, wrapf(err, "deleting floating IP %s", id)
-			}
-			m.st.FloatingIPs = m.st.FloatingIPs[1:]
-		}
-		m.st.Step = delServer
-		return drivers.Step{}, nil
+		return m.releaseFloatingIPs(ctx, cl)
 	case delServer:
-		if err := servers.Delete(ctx, cl.compute, m.st.Server).ExtractErr(); err != nil && !notFound(classify(err)) {
-			return drivers.Step{}, wrapf(err, "deleting server %s", m.st.Server)
-		}
-		m.st.Step = delWait
-		return drivers.Step{}, nil
+		return m.deleteServer(ctx, cl)
 	case delWait:
-		s, ok, err := p.watch.get(ctx, m.st.Server, time.Now())
-		if err != nil {
-			return drivers.Step{}, err
-		}
-		if ok && s.TaskState != "deleting" && s.Status != "DELETED" && s.Status != "SOFT_DELETED" {
-			// A delete that did not take (the server was busy): ask again.
-			m.st.Step = delServer
-			return drivers.Step{Wait: time.Second}, nil
-		}
-		if ok {
-			return drivers.Step{}, nil
-		}
-		p.scanErrs.Delete(m.st.Server)
-		m.st.Step = delVolumes
-		return drivers.Step{}, nil
+		return m.waitGone(ctx)
 	case delVolumes:
-		for len(m.st.Volumes) > 0 {
-			id := m.st.Volumes[0]
-			wait, err := deleteVolume(ctx, cl, id)
-			if err != nil {
-				return drivers.Step{}, err
-			}
-			if wait {
-				return drivers.Step{Wait: pollInterval}, nil
-			}
-			m.st.Volumes = slices.Delete(m.st.Volumes, 0, 1)
-		}
-		m.st.Step = delDone
-		return drivers.Step{Done: true}, nil
+		return m.deleteVolumes(ctx, cl)
 	case delDone:
 		return drivers.Step{Done: true}, nil
 	}
 	return drivers.Step{}, fmt.Errorf("openstack: unknown delete step %q", m.st.Step)
+}
+
+// inspect records the server's volumes and floating IPs; a server that is
+// gone ends the delete.
+func (m *deleteMachine) inspect(ctx context.Context, cl *clients) (drivers.Step, error) {
+	s, err := servers.Get(ctx, cl.compute, m.st.Server).Extract()
+	if err != nil {
+		if err = classify(err); notFound(err) {
+			m.st.Step = delDone
+			return drivers.Step{Done: true}, nil
+		}
+		return drivers.Step{}, wrapf(err, "reading server %s", m.st.Server)
+	}
+	for _, v := range s.AttachedVolumes {
+		m.st.Volumes = append(m.st.Volumes, v.ID)
+	}
+	m.st.Step = delRelease
+	if !m.p.createsFloatingIPs() && !hasFloatingIP(s.Addresses) {
+		// Nodepool made no floating IP for it: no need to look.
+		return drivers.Step{}, nil
+	}
+	return drivers.Step{}, m.findFloatingIPs(ctx, cl, s.ID)
+}
+
+// findFloatingIPs records the floating IPs on the ports of a server.
+func (m *deleteMachine) findFloatingIPs(ctx context.Context, cl *clients, serverID string) error {
+	pages, err := ports.List(cl.network, ports.ListOpts{DeviceID: serverID}).AllPages(ctx)
+	if err != nil {
+		return wrapf(err, "listing the ports of server %s", serverID)
+	}
+	pl, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return err
+	}
+	for _, port := range pl {
+		fp, err := floatingips.List(cl.network, floatingips.ListOpts{PortID: port.ID}).AllPages(ctx)
+		if err != nil {
+			return wrapf(err, "listing floating IPs")
+		}
+		fl, err := floatingips.ExtractFloatingIPs(fp)
+		if err != nil {
+			return err
+		}
+		for _, f := range fl {
+			m.st.FloatingIPs = append(m.st.FloatingIPs, f.ID)
+		}
+	}
+	return nil
+}
+
+// releaseFloatingIPs deletes the recorded floating IPs, one by one.
+func (m *deleteMachine) releaseFloatingIPs(ctx context.Context, cl *clients) (drivers.Step, error) {
+	for len(m.st.FloatingIPs) > 0 {
+		id := m.st.FloatingIPs[0]
+		if err := floatingips.Delete(ctx, cl.network, id).ExtractErr(); err != nil && !notFound(classify(err)) {
+			return drivers.Step{}, wrapf(err, "deleting floating IP %s", id)
+		}
+		m.st.FloatingIPs = m.st.FloatingIPs[1:]
+	}
+	m.st.Step = delServer
+	return drivers.Step{}, nil
+}
+
+// deleteServer asks Nova to delete the server.
+func (m *deleteMachine) deleteServer(ctx context.Context, cl *clients) (drivers.Step, error) {
+	if err := servers.Delete(ctx, cl.compute, m.st.Server).ExtractErr(); err != nil && !notFound(classify(err)) {
+		return drivers.Step{}, wrapf(err, "deleting server %s", m.st.Server)
+	}
+	m.st.Step = delWait
+	return drivers.Step{}, nil
+}
+
+// waitGone waits until the server is gone, and asks again for a delete
+// that did not take.
+func (m *deleteMachine) waitGone(ctx context.Context) (drivers.Step, error) {
+	p := m.p
+	s, ok, err := p.watch.get(ctx, m.st.Server, time.Now())
+	if err != nil {
+		return drivers.Step{}, err
+	}
+	if ok && s.TaskState != "deleting" && s.Status != "DELETED" && s.Status != "SOFT_DELETED" {
+		// A delete that did not take (the server was busy): ask again.
+		m.st.Step = delServer
+		return drivers.Step{Wait: time.Second}, nil
+	}
+	if ok {
+		return drivers.Step{}, nil
+	}
+	p.scanErrs.Delete(m.st.Server)
+	m.st.Step = delVolumes
+	return drivers.Step{}, nil
+}
+
+// deleteVolumes deletes the server's volumes that are left, one by one.
+func (m *deleteMachine) deleteVolumes(ctx context.Context, cl *clients) (drivers.Step, error) {
+	for len(m.st.Volumes) > 0 {
+		id := m.st.Volumes[0]
+		wait, err := deleteVolume(ctx, cl, id)
+		if err != nil {
+			return drivers.Step{}, err
+		}
+		if wait {
+			return drivers.Step{Wait: pollInterval}, nil
+		}
+		m.st.Volumes = slices.Delete(m.st.Volumes, 0, 1)
+	}
+	m.st.Step = delDone
+	return drivers.Step{Done: true}, nil
 }
 
 // deleteVolume deletes a volume unless it is gone; wait says it is still

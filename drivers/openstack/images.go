@@ -40,21 +40,9 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 	if err != nil {
 		return drivers.Image{}, err
 	}
-	props := map[string]string{}
-	if pd, ok := p.cfg.Diskimage(imageName); ok {
-		for k, v := range pd.Meta {
-			props[k] = v
-		}
-	}
-	for k, v := range req.Tags {
-		props[k] = v
-	}
-	if req.SHA256 != "" {
-		props["nodepool_sha256"] = req.SHA256
-	}
 	vis := images.ImageVisibilityPrivate
 	img, err := images.Create(ctx, cl.image, images.CreateOpts{Name: name, DiskFormat: req.Format, ContainerFormat: "bare",
-		Visibility: &vis, Properties: props}).Extract()
+		Visibility: &vis, Properties: p.imageProperties(imageName, req)}).Extract()
 	if err != nil {
 		return drivers.Image{}, wrapf(err, "creating image %s", name)
 	}
@@ -68,6 +56,35 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 			}
 		}
 	}()
+	got, err := p.fillImage(ctx, cl, img.ID, name, req)
+	if err != nil {
+		return drivers.Image{}, err
+	}
+	ok = true
+	return toImage(got), nil
+}
+
+// imageProperties are the Glance properties of an upload: the provider
+// diskimage's meta, the upload's tags, and the image's checksum.
+func (p *Provider) imageProperties(imageName string, req drivers.ImageUpload) map[string]string {
+	props := map[string]string{}
+	if pd, ok := p.cfg.Diskimage(imageName); ok {
+		for k, v := range pd.Meta {
+			props[k] = v
+		}
+	}
+	for k, v := range req.Tags {
+		props[k] = v
+	}
+	if req.SHA256 != "" {
+		props["nodepool_sha256"] = req.SHA256
+	}
+	return props
+}
+
+// fillImage sends the file of a created image, waits until Glance says
+// active, and runs post-upload-hook.
+func (p *Provider) fillImage(ctx context.Context, cl *clients, id, name string, req drivers.ImageUpload) (*images.Image, error) {
 	data := req.Data
 	var local string
 	if p.cfg.UploadHook != "" {
@@ -75,27 +92,26 @@ func (p *Provider) UploadImage(ctx context.Context, req drivers.ImageUpload) (dr
 		// object store, so a copy is written as it is uploaded.
 		f, err := os.CreateTemp("", "nodepool-upload-*."+config.FormatExtension(req.Format))
 		if err != nil {
-			return drivers.Image{}, fmt.Errorf("post-upload-hook needs a local copy of the image: %w", err)
+			return nil, fmt.Errorf("post-upload-hook needs a local copy of the image: %w", err)
 		}
 		local = f.Name()
 		defer os.Remove(local)
 		defer f.Close()
 		data = io.TeeReader(data, f)
 	}
-	if err := imagedata.Upload(ctx, cl.image, img.ID, data).ExtractErr(); err != nil {
-		return drivers.Image{}, wrapf(err, "uploading image %s", name)
+	if err := imagedata.Upload(ctx, cl.image, id, data).ExtractErr(); err != nil {
+		return nil, wrapf(err, "uploading image %s", name)
 	}
-	got, err := p.waitActive(ctx, cl, img.ID)
+	got, err := p.waitActive(ctx, cl, id)
 	if err != nil {
-		return drivers.Image{}, err
+		return nil, err
 	}
 	if p.cfg.UploadHook != "" {
 		if err := p.runHook(ctx, got.ID, local); err != nil {
-			return drivers.Image{}, err
+			return nil, err
 		}
 	}
-	ok = true
-	return toImage(got), nil
+	return got, nil
 }
 
 // waitActive waits until Glance has the image's data.

@@ -1,6 +1,7 @@
 package openstack
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -98,34 +99,34 @@ func (p *Provider) setAddresses(inst *drivers.Instance, s *server) {
 	slices.Sort(nets)
 	for _, net := range nets {
 		for _, a := range s.Addresses[net] {
-			addr, kind := a.Addr, a.Type
-			ip, err := netip.ParseAddr(addr)
-			if err != nil {
-				continue
-			}
-			switch {
-			case ip.Is4() && (kind == "floating" || external[net]):
-				if inst.PublicIPv4 == "" {
-					inst.PublicIPv4 = addr
-				}
-			case ip.Is4():
-				if inst.PrivateIPv4 == "" {
-					inst.PrivateIPv4 = addr
-				}
-			case ip.Is6() && ip.IsGlobalUnicast():
-				if inst.PublicIPv6 == "" {
-					inst.PublicIPv6 = addr
-				}
-			}
+			setAddress(inst, a.Addr, a.Type == "floating" || external[net])
 		}
 	}
+	inst.InterfaceIP = cmp.Or(inst.PublicIPv4, inst.PublicIPv6, inst.PrivateIPv4)
+}
+
+// setAddress records an address of a server, unless it is not an IP
+// address or one of its kind is recorded already: an IPv4 address is the
+// public one if public (a floating IP, or on an external network), else
+// the private one; a global IPv6 address is the public one.
+func setAddress(inst *drivers.Instance, addr string, public bool) {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return
+	}
+	var field *string
 	switch {
-	case inst.PublicIPv4 != "":
-		inst.InterfaceIP = inst.PublicIPv4
-	case inst.PublicIPv6 != "":
-		inst.InterfaceIP = inst.PublicIPv6
+	case ip.Is4() && public:
+		field = &inst.PublicIPv4
+	case ip.Is4():
+		field = &inst.PrivateIPv4
+	case ip.Is6() && ip.IsGlobalUnicast():
+		field = &inst.PublicIPv6
 	default:
-		inst.InterfaceIP = inst.PrivateIPv4
+		return
+	}
+	if *field == "" {
+		*field = addr
 	}
 }
 
