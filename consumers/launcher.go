@@ -63,6 +63,10 @@ type Options struct {
 	// Pacer paces the providers' API calls, shared with the other roles
 	// of the process (nil: one of the launcher's own).
 	Pacer *drivers.Pacer
+	// Views are the process's caches of nodes, requests and components,
+	// shared with its other roles and drivers; nil: the launcher keeps
+	// caches of its own.
+	Views *kv.Views
 	// NewDriver makes a provider's driver from its section: the cleanup
 	// leader makes, with it, the driver of a provider removed from the
 	// configuration from its remembered section, to drain it (drain.go).
@@ -157,9 +161,9 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		js:         js,
 		b:          b,
 		log:        log,
-		nodes:      kv.NewCache(b.Nodes, log),
-		requests:   kv.NewCache(b.Requests, log),
-		components: kv.NewCache(b.Components, log),
+		nodes:      opts.Views.Nodes(b, log),
+		requests:   opts.Views.Requests(b, log),
+		components: opts.Views.Components(b, log),
 		images:     newImageIndex(b, log),
 		paused:     map[string]bool{},
 		quotas:     map[string]*kv.CloudQuota{},
@@ -215,15 +219,18 @@ func (l *Launcher) Running() bool { return l.running.Load() }
 func (l *Launcher) Run(ctx context.Context) error {
 	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
 	var caches sync.WaitGroup
-	for _, run := range []func(context.Context) error{l.nodes.Run, l.requests.Run, l.components.Run} {
-		caches.Go(func() { _ = run(cacheCtx) })
-	}
+	// The process's views of nodes, requests and components may be
+	// shared with its other roles and drivers (Options.Views).
+	stopViews := []func(){l.nodes.Start(), l.requests.Start(), l.components.Start()}
 	for _, c := range append(l.images.caches(), l.drain.caches()...) {
 		caches.Go(func() { _ = c.Run(cacheCtx) })
 	}
 	defer func() {
 		stopCaches()
 		caches.Wait()
+		for _, stop := range stopViews {
+			stop()
+		}
 	}()
 	for _, c := range []interface{ WaitSynced(context.Context) error }{l.nodes, l.requests, l.components} {
 		if err := c.WaitSynced(ctx); err != nil {

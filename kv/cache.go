@@ -57,6 +57,12 @@ type Cache[T any] struct {
 	// started afresh because the bucket was deleted and made again.
 	created   time.Time
 	restarted time.Time
+
+	// starts counts the Starts not stopped yet; stopRun ends the watch
+	// they share (guarded by runMu).
+	runMu   sync.Mutex
+	starts  int
+	stopRun func()
 }
 
 // BadRecord is a record that does not decode: its key, revision, stored
@@ -198,17 +204,35 @@ func (c *Cache[T]) Restarted() time.Time {
 }
 
 // Start runs the cache in the background until the returned stop is
-// called; stop waits for the watch to end.
+// called; stop waits for the watch to end. Starts are counted: every role
+// and driver of a process that reads the cache starts it, one watch
+// serves them all, and it ends with the last stop.
 func (c *Cache[T]) Start() (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Run(ctx)
-	}()
+	c.runMu.Lock()
+	defer c.runMu.Unlock()
+	if c.starts == 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = c.Run(ctx)
+		}()
+		c.stopRun = func() {
+			cancel()
+			<-done
+		}
+	}
+	c.starts++
+	var once sync.Once
 	return func() {
-		cancel()
-		<-done
+		once.Do(func() {
+			c.runMu.Lock()
+			defer c.runMu.Unlock()
+			if c.starts--; c.starts == 0 {
+				c.stopRun()
+				c.stopRun = nil
+			}
+		})
 	}
 }
 

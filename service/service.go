@@ -62,6 +62,7 @@ type Process struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	buckets   *kv.Buckets
+	views     *kv.Views // the caches its roles and drivers share
 	providers map[string]drivers.Provider
 	launcher  *consumers.Launcher
 	builder   *builder.Builder
@@ -143,11 +144,14 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		s.LeaseTTL = ttl // Ensure said so
 		p.Settings.LeaseTTL = ttl
 	}
+	// One cache per bucket for the whole process: its roles and the
+	// static and metastatic drivers share them, fed by one watch each.
+	p.views = kv.NewViews(p.buckets, log)
 	// Drivers are for the roles that drive machines: a process serving
 	// Zuul alone needs none.
 	p.providers = map[string]drivers.Provider{}
 	if s.HasRole(config.RoleLauncher) || s.HasRole(config.RoleBuilder) {
-		if p.providers, err = NewProviders(ctx, p.js, cfg, s.Replicas, log); err != nil {
+		if p.providers, err = newProviders(ctx, p.js, cfg, s.Replicas, p.views, log); err != nil {
 			return nil, err
 		}
 	}
@@ -159,11 +163,11 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	pacer := drivers.NewPacer(log)
 	if s.HasRole(config.RoleLauncher) {
 		p.launcher, err = consumers.NewLauncher(p.js, p.buckets, consumers.Options{
-			ID: s.ID, Config: cfg, Providers: p.providers, Pacer: pacer,
+			ID: s.ID, Config: cfg, Providers: p.providers, Pacer: pacer, Views: p.views,
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 			NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-				drv, err := NewProvider(ctx, p.js, pc, s.Replicas, log)
+				drv, err := newProvider(ctx, p.js, pc, s.Replicas, p.views, log)
 				if err != nil {
 					return nil, err
 				}
@@ -184,7 +188,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			return nil, fmt.Errorf("the zookeeper role serves Zuul in the ZooKeeper that %s names, but it names no zookeeper-servers", cfg.File)
 		}
 		if p.bridge, err = zkbridge.New(p.buckets, zkbridge.Options{
-			ID: s.ID, Config: cfg, SyncInterval: s.SyncInterval, Version: Version, Log: log,
+			ID: s.ID, Config: cfg, SyncInterval: s.SyncInterval, Version: Version, Log: log, Views: p.views,
 		}); err != nil {
 			return nil, err
 		}
@@ -258,10 +262,16 @@ func (p *Process) keepFake(cfg *config.Config) {
 // NewProviders constructs the driver of every provider of the
 // configuration.
 func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, replicas int, log *slog.Logger) (map[string]drivers.Provider, error) {
+	return newProviders(ctx, js, cfg, replicas, nil, log)
+}
+
+// newProviders is NewProviders with the process's views, which the static
+// and metastatic drivers read instead of caches of their own.
+func newProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, replicas int, views *kv.Views, log *slog.Logger) (map[string]drivers.Provider, error) {
 	out := map[string]drivers.Provider{}
 	for i := range cfg.Providers {
 		pc := &cfg.Providers[i]
-		p, err := NewProvider(ctx, js, pc, replicas, log)
+		p, err := newProvider(ctx, js, pc, replicas, views, log)
 		if err != nil {
 			for _, q := range out {
 				q.Close()
@@ -275,13 +285,17 @@ func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 
 // NewProvider constructs the driver of one provider.
 func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, replicas int, log *slog.Logger) (drivers.Provider, error) {
+	return newProvider(ctx, js, pc, replicas, nil, log)
+}
+
+func newProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, replicas int, views *kv.Views, log *slog.Logger) (drivers.Provider, error) {
 	switch pc.Driver {
 	case "fake":
 		return fake.New(ctx, js, pc, replicas, log)
 	case "static":
-		return static.New(ctx, js, pc, log)
+		return static.NewWithViews(ctx, js, pc, views, log)
 	case "metastatic":
-		return metastatic.New(ctx, js, pc, log)
+		return metastatic.NewWithViews(ctx, js, pc, views, log)
 	case "aws":
 		return aws.New(ctx, pc, aws.Options{Log: log})
 	case "openstack":
@@ -358,7 +372,7 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 			next[pc.Name] = p.providers[pc.Name]
 			continue
 		}
-		drv, err := NewProvider(ctx, p.js, pc, p.Settings.Replicas, p.Log)
+		drv, err := newProvider(ctx, p.js, pc, p.Settings.Replicas, p.views, p.Log)
 		if err != nil {
 			undo()
 			return err

@@ -40,6 +40,10 @@ type Options struct {
 	ID string
 	// Config is the loaded nodepool.yaml; it must name zookeeper-servers.
 	Config *config.Config
+	// Views are the process's caches of nodes, requests and components,
+	// shared with its other roles; nil: the bridge keeps caches of its
+	// own.
+	Views *kv.Views
 	// SyncInterval is the period of the reconciliation sweep.
 	SyncInterval time.Duration
 	// Version is reported in the pool registrations.
@@ -121,9 +125,9 @@ func New(b *kv.Buckets, opts Options) (*Bridge, error) {
 	log := opts.Log.With("role", config.RoleZooKeeper)
 	br := &Bridge{
 		opts: opts, b: b, log: log,
-		nodes:      kv.NewCache(b.Nodes, log),
-		requests:   kv.NewCache(b.Requests, log),
-		components: kv.NewCache(b.Components, log),
+		nodes:      opts.Views.Nodes(b, log),
+		requests:   opts.Views.Requests(b, log),
+		components: opts.Views.Components(b, log),
 		queue:      newQueue(), tree: newTree(), pools: newRegistry(),
 		identifier: LockIdentifierPrefix + opts.ID, hostname: host,
 		held: map[string]*Lock{}, sightings: map[string]int{},
@@ -167,15 +171,11 @@ func (br *Bridge) Reload(cfg *config.Config) error {
 // again after a reload that names another ensemble); a clean stop
 // releases every lock and registration at once by closing the session.
 func (br *Bridge) Run(ctx context.Context) error {
-	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
-	var caches sync.WaitGroup
-	for _, run := range []func(context.Context) error{br.nodes.Run, br.requests.Run, br.components.Run} {
-		caches.Go(func() { _ = run(cacheCtx) })
+	// The process's views may be shared with its other roles
+	// (Options.Views).
+	for _, stop := range []func(){br.nodes.Start(), br.requests.Start(), br.components.Start()} {
+		defer stop()
 	}
-	defer func() {
-		stopCaches()
-		caches.Wait()
-	}()
 	for _, c := range []interface{ WaitSynced(context.Context) error }{br.nodes, br.requests, br.components} {
 		if err := c.WaitSynced(ctx); err != nil {
 			return err

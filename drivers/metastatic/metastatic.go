@@ -55,6 +55,13 @@ type Provider struct {
 // New prepares a metastatic provider and starts watching the node and
 // request records. The buckets and streams must exist.
 func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log *slog.Logger) (*Provider, error) {
+	return NewWithViews(ctx, js, cfg, nil, log)
+}
+
+// NewWithViews is New reading the node and request records from the
+// process's views (shared with its roles; nil: caches of the provider's
+// own).
+func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, views *kv.Views, log *slog.Logger) (*Provider, error) {
 	if cfg.Driver != "metastatic" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not metastatic", cfg.Name, cfg.Driver)
 	}
@@ -65,7 +72,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log 
 	log = log.With("provider", cfg.Name)
 	p := &Provider{
 		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log,
-		nodes: kv.NewCache(b.Nodes, log), requests: kv.NewCache(b.Requests, log),
+		nodes: views.Nodes(b, log), requests: views.Requests(b, log),
 	}
 	p.stopNodes, p.stopRequests = p.nodes.Start(), p.requests.Start()
 	return p, nil

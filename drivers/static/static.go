@@ -57,6 +57,12 @@ type Provider struct {
 // New prepares a static provider and starts watching the node records.
 // The buckets must exist.
 func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log *slog.Logger) (*Provider, error) {
+	return NewWithViews(ctx, js, cfg, nil, log)
+}
+
+// NewWithViews is New reading the node records from the process's views
+// (shared with its roles; nil: a cache of the provider's own).
+func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, views *kv.Views, log *slog.Logger) (*Provider, error) {
 	if cfg.Driver != "static" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not static", cfg.Name, cfg.Driver)
 	}
@@ -65,7 +71,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log 
 		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
 	}
 	log = log.With("provider", cfg.Name)
-	p := &Provider{cfg: cfg, store: b.Nodes, nodes: kv.NewCache(b.Nodes, log), log: log}
+	p := &Provider{cfg: cfg, store: b.Nodes, nodes: views.Nodes(b, log), log: log}
 	p.stop = p.nodes.Start()
 	return p, nil
 }

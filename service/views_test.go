@@ -1,0 +1,106 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/service"
+)
+
+// TestOneWatchPerBucket: a process whose launcher runs a static and a
+// metastatic provider, both of which read node records (and the
+// metastatic one requests), watches each bucket once: its roles and
+// drivers share one cache per bucket. A watch is an ordered consumer on
+// the bucket's stream, so the stream's consumers are counted.
+func TestOneWatchPerBucket(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	cfg, err := config.Parse("test.yaml", []byte(`
+labels: [{name: small}, {name: meta}, {name: host}]
+providers:
+  - name: cloud
+    driver: fake
+    pools: [{name: main, labels: [small]}]
+  - name: rack
+    driver: static
+    pools:
+      - name: main
+        nodes:
+          - {name: 127.0.0.1, connection-port: 1, labels: [host], host-key-checking: false}
+  - name: meta
+    driver: metastatic
+    pools:
+      - name: main
+        labels:
+          - {name: meta, backing-label: small}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := config.Settings{NatsURL: srv.ClientURL(), ID: "l1", Roles: []string{config.RoleLauncher},
+		Replicas: 1, LeaseTTL: 6 * time.Second, SyncInterval: 500 * time.Millisecond, DataDir: t.TempDir()}
+	log, _ := logtest.New(t)
+	p, err := service.Start(t.Context(), settings, cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; p.Close() })
+
+	_, js := srv.Connect(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for p.Launcher() == nil || !p.Launcher().Running() {
+		if time.Now().After(deadline) {
+			t.Fatal("the launcher is not running after 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
+		// A watch restarted a moment ago may leave its old consumer for
+		// a while: the count must come down to one.
+		var got []string
+		for {
+			got = watches(t, js, bucket)
+			if len(got) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("bucket %s: %d watches, want 1:\n%s", bucket, len(got), strings.Join(got, "\n"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// watches lists the consumers of a bucket's stream that are watches of
+// the whole bucket (not durable, all keys, values and not only headers).
+func watches(t *testing.T, js jetstream.JetStream, bucket string) []string {
+	t.Helper()
+	s, err := js.Stream(t.Context(), "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	l := s.ListConsumers(t.Context())
+	for ci := range l.Info() {
+		c := ci.Config
+		if c.Durable == "" && !c.HeadersOnly && (c.FilterSubject == "$KV."+bucket+".>" || (len(c.FilterSubjects) == 1 && c.FilterSubjects[0] == "$KV."+bucket+".>")) {
+			out = append(out, fmt.Sprintf("%s (created %s, deliver %s)", ci.Name, ci.Created.Format(time.RFC3339Nano), c.DeliverPolicy))
+		}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
