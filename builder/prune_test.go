@@ -58,7 +58,13 @@ providers:
 		}
 	}
 	for _, cloud := range []string{"cloud1", "cloud2"} {
-		u := h.uploadsIn("debian", cloud, kv.ImageReady)
+		// cloud2 takes the raw file, whose upload may still run when
+		// cloud1's qcow2 upload is done and its file deleted.
+		var u []kv.ImageUpload
+		h.until(20*time.Second, cloud+"'s upload ready", func() bool {
+			u = h.uploadsIn("debian", cloud, kv.ImageReady)
+			return len(u) > 0
+		})
 		if len(u) != 1 {
 			t.Fatalf("%s: %d ready uploads\n%s", cloud, len(u), h.dump())
 		}

@@ -148,7 +148,10 @@ func TestRequestorThatGivesUpFreesItsNodes(t *testing.T) {
 		args []string
 		end  func(p *exec.Cmd)
 	}{
-		{"timeout", []string{"--timeout", "1s"}, nil},
+		// A timeout well within the 8 s boot, yet long enough for the
+		// request to be planned on a loaded machine before the command
+		// gives up (1 s was not, once, at a load average of 13).
+		{"timeout", []string{"--timeout", "4s"}, nil},
 		{"interrupt", nil, func(p *exec.Cmd) { _ = p.Process.Signal(syscall.SIGINT) }},
 		{"killed", []string{"--lease", "3s"}, func(p *exec.Cmd) { _ = p.Process.Kill() }},
 	} {
