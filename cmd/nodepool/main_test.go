@@ -213,8 +213,10 @@ type records struct {
 	nodes     *kv.Cache[kv.Node]
 	requests  *kv.Cache[kv.Request]
 	instances *kv.Cache[fake.InstanceRecord]
-	client    *client.Client
-	js        jetstream.JetStream
+	// instanceStore reads the instances from the server (not the watch).
+	instanceStore *kv.Store[fake.InstanceRecord]
+	client        *client.Client
+	js            jetstream.JetStream
 }
 
 func watchRecords(t *testing.T, url, cloud string) *records {
@@ -230,7 +232,8 @@ func watchRecords(t *testing.T, url, cloud string) *records {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.instances = kv.NewCache(kv.NewStore[fake.InstanceRecord](bucket), log)
+		r.instanceStore = kv.NewStore[fake.InstanceRecord](bucket)
+		r.instances = kv.NewCache(r.instanceStore, log)
 		runs = append(runs, r.instances.Run)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
