@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 	"github.com/nodepool-nats/nodepool/web"
@@ -128,23 +130,7 @@ func (s *site) waitFor(timeout time.Duration, what string, cond func() bool) {
 	sn, sr := s.nodes.Subscribe(), s.reqs.Subscribe()
 	defer s.nodes.Unsubscribe(sn)
 	defer s.reqs.Unsubscribe(sr)
-	deadline := time.After(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		sn.Drain()
-		sr.Drain()
-		if cond() {
-			return
-		}
-		select {
-		case <-sn.C():
-		case <-sr.C():
-		case <-tick.C:
-		case <-deadline:
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
+	waitfor.Until(s.t, timeout, what, cond, waitfor.Every(50*time.Millisecond), waitfor.Changes(sn), waitfor.Changes(sr))
 }
 
 // get fetches a path of the status port with an Accept header.
@@ -295,15 +281,10 @@ func (b *board) synced(nodes, requests int) {
 	sn, sr := b.views.Nodes.Subscribe(), b.views.Requests.Subscribe()
 	defer b.views.Nodes.Unsubscribe(sn)
 	defer b.views.Requests.Unsubscribe(sr)
-	deadline := time.After(60 * time.Second)
-	for b.views.Nodes.Len() != nodes || b.views.Requests.Len() != requests {
-		select {
-		case <-sn.C():
-			sn.Drain()
-		case <-sr.C():
-			sr.Drain()
-		case <-deadline:
-			b.t.Fatalf("the views hold %d nodes and %d requests; want %d and %d", b.views.Nodes.Len(), b.views.Requests.Len(), nodes, requests)
-		}
-	}
+	waitfor.Until(b.t, 60*time.Second, fmt.Sprintf("the views to hold %d nodes and %d requests", nodes, requests),
+		func() bool { return b.views.Nodes.Len() == nodes && b.views.Requests.Len() == requests },
+		waitfor.Changes(sn), waitfor.Changes(sr),
+		waitfor.Detail(func() string {
+			return fmt.Sprintf("the views hold %d nodes and %d requests", b.views.Nodes.Len(), b.views.Requests.Len())
+		}))
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/status"
 )
@@ -19,17 +21,13 @@ import (
 // test with the last answer.
 func (s *site) eventually(path, accept string, check func(code int, ctype, body string) bool) (int, string, string) {
 	s.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		code, ctype, body := s.get(path, accept)
-		if check(code, ctype, body) {
-			return code, ctype, body
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("GET %s (Accept %q): %d %s\n%s", path, accept, code, ctype, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var code int
+	var ctype, body string
+	waitfor.Until(s.t, 20*time.Second, fmt.Sprintf("GET %s (Accept %q) to answer as wanted", path, accept), func() bool {
+		code, ctype, body = s.get(path, accept)
+		return check(code, ctype, body)
+	}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string { return fmt.Sprintf("last answer: %d %s\n%s", code, ctype, body) }))
+	return code, ctype, body
 }
 
 // seedImages writes image records as a builder would: an image with a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/internal/zktest"
 	"github.com/nodepool-nats/nodepool/internal/zuulsim"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -200,30 +201,14 @@ func (e *env) zuul() *zuulsim.Zuul {
 // and every 20 ms, until the deadline.
 func (e *env) waitFor(timeout time.Duration, what string, cond func() bool) {
 	e.t.Helper()
-	var sn *kv.Subscription[kv.Node]
-	var sr *kv.Subscription[kv.Request]
+	opts := []waitfor.Option{waitfor.Every(20 * time.Millisecond)}
 	if e.nodes != nil {
-		sn, sr = e.nodes.Subscribe(), e.reqs.Subscribe()
+		sn, sr := e.nodes.Subscribe(), e.reqs.Subscribe()
 		defer e.nodes.Unsubscribe(sn)
 		defer e.reqs.Unsubscribe(sr)
+		opts = append(opts, waitfor.Changes(sn), waitfor.Changes(sr))
 	}
-	deadline := time.After(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if sn != nil {
-			sn.Drain()
-			sr.Drain()
-		}
-		if cond() {
-			return
-		}
-		select {
-		case <-tick.C:
-		case <-deadline:
-			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
+	waitfor.Until(e.t, timeout, what, cond, opts...)
 }
 
 // nodeFor waits for the NATS node handed to Zuul as a znode to show in
