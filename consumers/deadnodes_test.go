@@ -15,6 +15,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -468,14 +469,8 @@ providers:
 	// ready for before a listing judges it): the first has ended when the
 	// second starts, and would have judged the static node.
 	judgeable := before.StateTime.Add(3 * time.Second)
-	deadline := time.After(15 * time.Second)
-	for rack.since(judgeable) < 2 {
-		select {
-		case <-rack.c:
-		case <-deadline:
-			t.Fatalf("the static provider's sweep did not run (%d passes)", rack.since(judgeable))
-		}
-	}
+	waitfor.Until(t, 15*time.Second, "two passes of the static provider's sweep", func() bool { return rack.since(judgeable) >= 2 },
+		waitfor.Wake(rack.c), waitfor.Detail(func() string { return fmt.Sprintf("%d passes", rack.since(judgeable)) }))
 	after, ok := h.node(static)
 	if !ok || after.State != kv.NodeReady || !after.StateTime.Equal(before.StateTime) || after.Reason != "" {
 		t.Errorf("the static node was judged: %+v", after)

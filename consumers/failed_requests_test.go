@@ -1,12 +1,14 @@
 package consumers_test
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -36,14 +38,7 @@ func (c *sweepClock) now() time.Time {
 func (c *sweepClock) waitSweeps(t *testing.T, n int64) {
 	t.Helper()
 	want := c.reads.Load() + n
-	deadline := time.After(20 * time.Second)
-	for c.reads.Load() < want {
-		select {
-		case <-c.read:
-		case <-deadline:
-			t.Fatalf("cleanup did not sweep %d times", n)
-		}
-	}
+	waitfor.Until(t, 20*time.Second, fmt.Sprintf("cleanup to sweep %d times", n), func() bool { return c.reads.Load() >= want }, waitfor.Wake(c.read))
 }
 
 // A failed request is deleted once it failed FailedRequestAge ago, from

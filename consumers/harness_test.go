@@ -22,6 +22,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -241,76 +242,46 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 // node, request or instance changes.
 func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 	h.t.Helper()
-	if !h.wait(timeout, cond) {
-		h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
-	}
+	opts, stop := h.changes()
+	defer stop()
+	waitfor.Until(h.t, timeout, what, cond, append(opts, waitfor.Detail(h.dump))...)
 }
 
 // wait waits, with a deadline, until cond holds, re-checking it whenever a
 // node, request or instance changes, and tells whether it did.
 func (h *harness) wait(timeout time.Duration, cond func() bool) bool {
-	subsN := h.nodes.Subscribe()
-	defer h.nodes.Unsubscribe(subsN)
-	subsR := h.requests.Subscribe()
-	defer h.requests.Unsubscribe(subsR)
-	subsC := h.components.Subscribe()
-	defer h.components.Unsubscribe(subsC)
-	// Instance changes of every cloud come through one channel.
-	inst := make(chan struct{}, 1)
-	stop := make(chan struct{})
-	defer close(stop)
+	opts, stop := h.changes()
+	defer stop()
+	return waitfor.True(timeout, cond, opts...)
+}
+
+// changes subscribes to the changes of the node, request, component and
+// instance records and of the caches watchToo added, for a wait to wake
+// on; stop unsubscribes.
+func (h *harness) changes() (opts []waitfor.Option, stop func()) {
+	var stops []func()
+	subscribe := func(o waitfor.Option, unsubscribe func()) {
+		opts = append(opts, o)
+		stops = append(stops, unsubscribe)
+	}
+	sn := h.nodes.Subscribe()
+	subscribe(waitfor.Changes(sn), func() { h.nodes.Unsubscribe(sn) })
+	sr := h.requests.Subscribe()
+	subscribe(waitfor.Changes(sr), func() { h.requests.Unsubscribe(sr) })
+	sc := h.components.Subscribe()
+	subscribe(waitfor.Changes(sc), func() { h.components.Unsubscribe(sc) })
 	for _, c := range h.instances {
 		s := c.Subscribe()
-		defer c.Unsubscribe(s)
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-s.C():
-					s.Drain()
-					select {
-					case inst <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
+		subscribe(waitfor.Changes(s), func() { c.Unsubscribe(s) })
 	}
 	for _, w := range h.watched {
 		signal, drain, unsubscribe := w()
-		defer unsubscribe()
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-signal:
-					drain()
-					select {
-					case inst <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
+		opts = append(opts, waitfor.Wake(signal))
+		subscribe(waitfor.Before(drain), unsubscribe)
 	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		subsN.Drain()
-		subsR.Drain()
-		subsC.Drain()
-		if cond() {
-			return true
-		}
-		select {
-		case <-deadline.C:
-			return false
-		case <-subsN.C():
-		case <-subsR.C():
-		case <-subsC.C():
-		case <-inst:
+	return opts, func() {
+		for _, s := range stops {
+			s()
 		}
 	}
 }
@@ -331,25 +302,27 @@ func (h *harness) waitLaunchers(n int) {
 		}
 	})
 	h.mu.Unlock()
-	deadline := time.After(10 * time.Second)
+	opts := []waitfor.Option{}
 	for _, l := range running {
 		c := l.Components()
 		sub := c.Subscribe()
-		for c.Len() != n {
-			select {
-			case <-sub.C():
-				sub.Drain()
-			case <-l.done:
-			case <-deadline:
-				c.Unsubscribe(sub)
-				h.t.Fatalf("launcher sees %d live launchers, want %d", c.Len(), n)
-			}
-			if isDone(l.done) {
-				break
-			}
-		}
-		c.Unsubscribe(sub)
+		defer c.Unsubscribe(sub)
+		opts = append(opts, waitfor.Changes(sub))
 	}
+	// A launcher that stopped meanwhile sees nothing more: it is left
+	// out (the poll notices it stopped).
+	seeing := func(l *launcher) bool { return isDone(l.done) || l.Components().Len() == n }
+	waitfor.Until(h.t, 10*time.Second, fmt.Sprintf("every running launcher to see %d live launchers", n),
+		func() bool { return !slices.ContainsFunc(running, func(l *launcher) bool { return !seeing(l) }) },
+		append(opts, waitfor.Detail(func() string {
+			var b strings.Builder
+			for _, l := range running {
+				if !seeing(l) {
+					fmt.Fprintf(&b, "a launcher sees %d live launchers, want %d\n", l.Components().Len(), n)
+				}
+			}
+			return b.String()
+		}))...)
 }
 
 func isDone(c <-chan struct{}) bool {

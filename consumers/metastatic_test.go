@@ -13,6 +13,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -329,15 +330,7 @@ func TestMetastaticBackingRequestFails(t *testing.T) {
 // true, checking it on every record change and every 50 ms.
 func (h *harness) untilTime(timeout time.Duration, what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
-		}
-		<-tick.C
-	}
+	waitfor.Until(h.t, timeout, what, cond, waitfor.Every(50*time.Millisecond), waitfor.Detail(h.dump))
 }
 
 // A backing node past max-age takes no new slots and goes back as soon as

@@ -12,6 +12,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -29,8 +30,7 @@ func (h *harness) ackPendingChanges(want int) {
 		h.t.Fatal(err)
 	}
 	acked := 0
-	deadline := time.Now().Add(20 * time.Second)
-	for acked < want && time.Now().Before(deadline) {
+	waitfor.Until(h.t, 20*time.Second, fmt.Sprintf("%d node changes acknowledged", want), func() bool {
 		batch, err := cons.Fetch(want-acked, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			h.t.Fatal(err)
@@ -41,7 +41,8 @@ func (h *harness) ackPendingChanges(want int) {
 			}
 			acked++
 		}
-	}
+		return acked >= want
+	}, waitfor.Detail(func() string { return fmt.Sprintf("acknowledged %d", acked) }))
 	if acked != want {
 		h.t.Fatalf("acknowledged %d node changes, want %d", acked, want)
 	}

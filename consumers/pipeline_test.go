@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -271,15 +272,7 @@ func TestDeletingARequestFreesItsNodes(t *testing.T) {
 	// one stays ready for the next): wait for that too.
 	sub := l.Nodes().Subscribe()
 	defer l.Nodes().Unsubscribe(sub)
-	deadline := time.After(10 * time.Second)
-	for !freed(l.Nodes()) {
-		select {
-		case <-sub.C():
-			sub.Drain()
-		case <-deadline:
-			t.Fatal("the launcher did not see its nodes freed")
-		}
-	}
+	waitfor.Until(t, 10*time.Second, "the launcher to see its nodes freed", func() bool { return freed(l.Nodes()) }, waitfor.Changes(sub))
 	// The next request for those labels gets the same nodes.
 	id2 := h.submit(events.RequestMessage{Labels: []string{"big", "small"}})
 	h.waitDone(10*time.Second, id2)
