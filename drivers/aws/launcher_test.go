@@ -22,6 +22,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -96,17 +97,10 @@ func (s *system) until(what string, cond func() bool) {
 	sn, sr := s.nodes.Subscribe(), s.reqs.Subscribe()
 	defer s.nodes.Unsubscribe(sn)
 	defer s.reqs.Unsubscribe(sr)
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(100 * time.Millisecond) // the cloud changes without records changing
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-sn.C():
-			sn.Drain()
-		case <-sr.C():
-			sr.Drain()
-		case <-tick.C:
-		case <-deadline:
+	waitfor.Until(s.t, 30*time.Second, what, cond,
+		waitfor.Every(100*time.Millisecond), // the cloud changes without records changing
+		waitfor.Changes(sn), waitfor.Changes(sr),
+		waitfor.Detail(func() string {
 			var b strings.Builder
 			s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 				fmt.Fprintf(&b, "  node %s %s %v alloc=%s ext=%s reason=%q\n", e.Key, e.Value.State, e.Value.Labels, e.Value.AllocatedTo, e.Value.ExternalID, e.Value.Reason)
@@ -116,9 +110,8 @@ func (s *system) until(what string, cond func() bool) {
 				fmt.Fprintf(&b, "  request %s %s %v reason=%q\n", e.Key, e.Value.State, e.Value.Nodes, e.Value.Reason)
 				return true
 			})
-			s.t.Fatalf("timed out waiting for %s\n%s", what, b.String())
-		}
-	}
+			return b.String()
+		}))
 }
 
 // readyNodes lists the ready, unallocated nodes of a label.

@@ -25,6 +25,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/k8stest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 	"github.com/nodepool-nats/nodepool/service"
@@ -114,31 +115,18 @@ func (s *site) until(timeout time.Duration, what string, cond func() bool) {
 	defer s.nodes.Unsubscribe(sn)
 	defer s.reqs.Unsubscribe(sr)
 	defer comps.Unsubscribe(sc)
-	deadline := time.After(timeout)
-	for {
-		sn.Drain()
-		sr.Drain()
-		sc.Drain()
-		if cond() {
-			return
-		}
-		select {
-		case <-sn.C():
-		case <-sr.C():
-		case <-sc.C():
-		case <-deadline:
-			var b strings.Builder
-			s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-				fmt.Fprintf(&b, "  node %s %s %v alloc=%s ext=%s reason=%q\n", e.Key, e.Value.State, e.Value.Labels, e.Value.AllocatedTo, e.Value.ExternalID, e.Value.Reason)
-				return true
-			})
-			s.reqs.Range(func(e *kv.Entry[kv.Request]) bool {
-				fmt.Fprintf(&b, "  request %s %s %v reason=%q\n", e.Key, e.Value.State, e.Value.Nodes, e.Value.Reason)
-				return true
-			})
-			s.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, b.String())
-		}
-	}
+	waitfor.Until(s.t, timeout, what, cond, waitfor.Changes(sn), waitfor.Changes(sr), waitfor.Changes(sc), waitfor.Detail(func() string {
+		var b strings.Builder
+		s.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			fmt.Fprintf(&b, "  node %s %s %v alloc=%s ext=%s reason=%q\n", e.Key, e.Value.State, e.Value.Labels, e.Value.AllocatedTo, e.Value.ExternalID, e.Value.Reason)
+			return true
+		})
+		s.reqs.Range(func(e *kv.Entry[kv.Request]) bool {
+			fmt.Fprintf(&b, "  request %s %s %v reason=%q\n", e.Key, e.Value.State, e.Value.Nodes, e.Value.Reason)
+			return true
+		})
+		return b.String()
+	}))
 }
 
 // node is a node record as the process's cache has it.
@@ -202,17 +190,9 @@ func (s *site) dashboardNodes() map[string]map[string]any {
 // adds up to want (a counter moves with no record to watch).
 func metricReaches(t *testing.T, m *metrics.Registry, want float64, name string, labels ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := m.Sum(name, labels...)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%s{%s} = %v, want %v", name, strings.Join(labels, ","), got, want)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	var got float64
+	if !waitfor.True(10*time.Second, func() bool { got = m.Sum(name, labels...); return got == want }) {
+		t.Errorf("%s{%s} = %v, want %v", name, strings.Join(labels, ","), got, want)
 	}
 }
 

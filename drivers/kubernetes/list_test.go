@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
 
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 // ListInstances lists the provider's namespaces, each with what it was
@@ -143,17 +145,11 @@ func TestFailureKinds(t *testing.T) {
 	// refuses every pod too: status unknown.)
 	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "quota-probe"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "probe"}}}}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, perr := e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if perr != nil && strings.Contains(perr.Error(), "quota") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the quota made 30 s ago does not refuse pods yet (a dry run: %v)", perr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var perr error
+	waitfor.Until(t, 30*time.Second, "the quota to refuse a dry run of a pod", func() bool {
+		_, perr = e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return perr != nil && strings.Contains(perr.Error(), "quota")
+	}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string { return fmt.Sprintf("the last dry run: %v", perr) }))
 	_, err = sm.Advance(t.Context())
 	if !errors.Is(err, drivers.ErrQuotaExceeded) || !strings.Contains(err.Error(), "quota: policy") {
 		t.Fatalf("a pod over the namespace's quota: %v; want drivers.ErrQuotaExceeded", err)
@@ -163,17 +159,10 @@ func TestFailureKinds(t *testing.T) {
 	}
 	// The same cache keeps a deleted quota a moment longer: wait until a
 	// dry run of a pod is let through.
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		_, perr := e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if perr == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the quota deleted 30 s ago still refuses pods (a dry run: %v)", perr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, 30*time.Second, "the deleted quota to let a dry run of a pod through", func() bool {
+		_, perr = e.admin.CoreV1().Pods(sm.ExternalID()).Create(t.Context(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return perr == nil
+	}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string { return fmt.Sprintf("the last dry run: %v", perr) }))
 	if step, err := advance(t, sm); err != nil || step.Instance.Kubernetes.Pod != "pod-defaults" {
 		t.Fatalf("the create once the quota is gone: %v", err)
 	}

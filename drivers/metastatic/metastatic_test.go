@@ -1,7 +1,6 @@
 package metastatic
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -93,7 +93,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	}
 	// The env's provider, and another one on a connection of its own,
 	// both seeing the backing node.
-	waitFor(t, env.p.nodes, func() bool { return env.p.nodes.Has(backing.ID) })
+	waitFor(t, env.p.nodes, "the backing node in the cache", func() bool { return env.p.nodes.Has(backing.ID) })
 	_, pjs := env.srv.Connect(t)
 	second, err := New(ctx, pjs, env.p.cfg, env.log)
 	if err != nil {
@@ -163,7 +163,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	if err != nil || !step.Done || sm.ExternalID() != first {
 		t.Fatalf("resumed machine of %s: %+v, %v", first, step, err)
 	}
-	waitFor(t, providers[0].nodes, func() bool {
+	waitFor(t, providers[0].nodes, "the first provider to see 8 slots of the backing node used", func() bool {
 		got, _ := providers[0].nodes.Get(backing.ID)
 		gd, _ := decodeBacking(got.Value.UserData)
 		return gd.Used() == 8
@@ -183,20 +183,11 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 
 // waitFor waits up to 10 s for a condition on a cache, checking it at each
 // change.
-func waitFor[T any](t *testing.T, c *kv.Cache[T], cond func() bool) {
+func waitFor[T any](t *testing.T, c *kv.Cache[T], what string, cond func() bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
 	sub := c.Subscribe()
 	defer c.Unsubscribe(sub)
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("condition not met within 10s")
-		case <-sub.C():
-			sub.Drain()
-		}
-	}
+	waitfor.Until(t, 10*time.Second, what, cond, waitfor.Changes(sub))
 }
 
 // BenchmarkSlotCycle measures taking a slot of a backing node and freeing

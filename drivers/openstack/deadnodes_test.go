@@ -22,6 +22,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -112,20 +113,14 @@ func nodesUntil(t *testing.T, nodes *kv.Cache[kv.Node], what string, cond func()
 	t.Helper()
 	sub := nodes.Subscribe()
 	defer nodes.Unsubscribe(sub)
-	deadline := time.After(30 * time.Second)
-	for !cond() {
-		select {
-		case <-sub.C():
-			sub.Drain()
-		case <-deadline:
-			var b strings.Builder
-			nodes.Range(func(e *kv.Entry[kv.Node]) bool {
-				fmt.Fprintf(&b, "  node %s %s ext=%s reason=%q\n", e.Key, e.Value.State, e.Value.ExternalID, e.Value.Reason)
-				return true
-			})
-			t.Fatalf("timed out waiting for %s\n%s", what, b.String())
-		}
-	}
+	waitfor.Until(t, 30*time.Second, what, cond, waitfor.Changes(sub), waitfor.Detail(func() string {
+		var b strings.Builder
+		nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+			fmt.Fprintf(&b, "  node %s %s ext=%s reason=%q\n", e.Key, e.Value.State, e.Value.ExternalID, e.Value.Reason)
+			return true
+		})
+		return b.String()
+	}))
 }
 
 func readyFree(nodes *kv.Cache[kv.Node]) []kv.Node {

@@ -18,6 +18,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 // env is a dev cloud on loopback, a clouds.yaml for it (cloud "dev"), and
@@ -157,13 +158,7 @@ func stepOf(sm drivers.StateMachine) string {
 // until polls cond within a deadline.
 func until(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Until(t, 20*time.Second, what, cond, waitfor.Every(10*time.Millisecond))
 }
 
 func mustJSON(t *testing.T, v any) []byte {
