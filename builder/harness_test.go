@@ -25,6 +25,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -206,71 +207,24 @@ func (h *harness) startBuilder(id string, cfg *config.Config, change func(*build
 // a build, an upload or a cloud image changes.
 func (h *harness) until(timeout time.Duration, what string, cond func() bool) {
 	h.t.Helper()
-	changed := make(chan struct{}, 1)
-	stop := make(chan struct{})
-	defer close(stop)
-	watch := func(c interface {
-		C() <-chan struct{}
-		drain()
-	}) {
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-c.C():
-					c.drain()
-					select {
-					case changed <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
 	bs := h.builds.Subscribe()
 	defer h.builds.Unsubscribe(bs)
-	watch(drainer[kv.ImageBuild]{bs})
 	us := h.uploads.Subscribe()
 	defer h.uploads.Unsubscribe(us)
-	watch(drainer[kv.ImageUpload]{us})
+	opts := []waitfor.Option{waitfor.Changes(bs), waitfor.Changes(us), waitfor.Detail(h.dump)}
 	for _, c := range h.clouds {
 		s := c.Subscribe()
 		defer c.Unsubscribe(s)
-		watch(drainer[fake.ImageRecord]{s})
+		opts = append(opts, waitfor.Changes(s))
 	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		if cond() {
-			return
-		}
-		select {
-		case <-deadline.C:
-			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
-		case <-changed:
-		}
-	}
+	waitfor.Until(h.t, timeout, what, cond, opts...)
 }
-
-type drainer[T any] struct{ s *kv.Subscription[T] }
-
-func (d drainer[T]) C() <-chan struct{} { return d.s.C() }
-func (d drainer[T]) drain()             { d.s.Drain() }
 
 // eventually waits, with a deadline, for a condition that no record
 // change announces (the state of a consumer), looking every 20ms.
 func (h *harness) eventually(timeout time.Duration, what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, h.dump())
-		}
-		<-tick.C
-	}
+	waitfor.Until(h.t, timeout, what, cond, waitfor.Every(20*time.Millisecond), waitfor.Detail(h.dump))
 }
 
 // drained reports whether a worker group has no trigger waiting or in

@@ -16,6 +16,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -119,32 +120,22 @@ func (r *repairing) build(t *testing.T, since time.Time) {
 	sub := r.uploads.Subscribe()
 	defer r.uploads.Unsubscribe(sub)
 	requested := false
-	for {
-		sub.Drain()
+	waitfor.Until(t, repairWithin, "an image built and uploaded", func() bool {
 		ready := false
 		r.uploads.Range(func(e *kv.Entry[kv.ImageUpload]) bool {
 			ready = e.Value.State == kv.ImageReady && e.Value.Created.After(since)
 			return !ready
 		})
 		if ready {
-			return
+			return true
 		}
-		var retry <-chan time.Time
 		if !requested {
-			if err := r.client.RequestBuild(ctx, "debian", "test"); err == nil {
-				requested = true
-			} else {
-				// The stream is being made again: ask again in a moment.
-				retry = time.After(100 * time.Millisecond)
-			}
+			// A request refused (the stream is being made again) is
+			// made again at the next check.
+			requested = r.client.RequestBuild(ctx, "debian", "test") == nil
 		}
-		select {
-		case <-sub.C():
-		case <-retry:
-		case <-ctx.Done():
-			t.Fatalf("no image built and uploaded within %s\nlog:\n%s", repairWithin, r.logs)
-		}
-	}
+		return false
+	}, waitfor.Every(100*time.Millisecond), waitfor.Changes(sub), waitfor.Detail(func() string { return fmt.Sprintf("log:\n%s", r.logs) }))
 }
 
 // Each stream, bucket, object store and durable consumer a process
@@ -243,18 +234,10 @@ func waitRecord[T any](t *testing.T, store *kv.Store[T], key string, ok func(T) 
 	defer stop()
 	sub := c.Subscribe()
 	defer c.Unsubscribe(sub)
-	deadline := time.After(repairWithin)
-	for {
-		sub.Drain()
-		if e, found := c.Get(key); found && ok(e.Value) {
-			return
-		}
-		select {
-		case <-sub.C():
-		case <-deadline:
-			t.Fatalf("%s/%s not written again within %s", store.Bucket().Bucket(), key, repairWithin)
-		}
-	}
+	waitfor.Until(t, repairWithin, fmt.Sprintf("%s/%s written again", store.Bucket().Bucket(), key), func() bool {
+		e, found := c.Get(key)
+		return found && ok(e.Value)
+	}, waitfor.Changes(sub))
 }
 
 func stringErrors(lines []string) []error {

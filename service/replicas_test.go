@@ -10,6 +10,7 @@ import (
 	"github.com/nodepool-nats/nodepool/builder"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/service"
 )
 
@@ -45,16 +46,10 @@ providers:
 
 	_, js := c.Connect(t, 0)
 	// The builder makes its object store when it starts running.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := js.Stream(t.Context(), "OBJ_"+builder.FilesBucket); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the builder made no object store")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, 30*time.Second, "the builder to make its object store", func() bool {
+		_, err := js.Stream(t.Context(), "OBJ_"+builder.FilesBucket)
+		return err == nil
+	}, waitfor.Every(50*time.Millisecond))
 	want := map[string]bool{
 		"NODEPOOL_REQUESTS": true, "NODEPOOL_BUILDS": true,
 		"KV_nodepool-requests": true, "KV_nodepool-nodes": true, "KV_nodepool-images": true,
