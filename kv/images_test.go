@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -74,14 +75,9 @@ func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
 	if _, err := s.Uploads.Create(ctx, up2.Key(), &up2); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(5 * time.Second)
-	for uploads.Len() < 2 {
-		select {
-		case <-sub.C():
-		case <-deadline:
-			t.Fatal("the new upload did not reach the cache")
-		}
-	}
+	// Woken by the changes, which are left queued: they are looked at
+	// below.
+	waitfor.Until(t, 5*time.Second, "the new upload to reach the cache", func() bool { return uploads.Len() >= 2 }, waitfor.Wake(sub.C()))
 	for _, ch := range sub.Drain() {
 		if ch.Key != up.Key() && ch.Key != up2.Key() {
 			t.Errorf("upload cache saw %s", ch.Key)

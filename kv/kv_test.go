@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -119,15 +120,7 @@ func TestCacheFollowsTheBucket(t *testing.T) {
 	if err := b.Requests.Delete(ctx, "after", e.Revision); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(5 * time.Second)
-	for c.Has("after") {
-		select {
-		case <-sub.C():
-			sub.Drain()
-		case <-deadline:
-			t.Fatal("delete never reached the cache")
-		}
-	}
+	waitfor.Until(t, 5*time.Second, "the delete to reach the cache", func() bool { return !c.Has("after") }, waitfor.Changes(sub))
 }
 
 func TestLeaseHasOneHolder(t *testing.T) {

@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -69,21 +71,15 @@ func (c *fakeClock) set(t time.Time) {
 // waitTimer waits until a timer is set for due.
 func (c *fakeClock) waitTimer(t *testing.T, due time.Time, what string) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
+	waitfor.Until(t, 10*time.Second, fmt.Sprintf("a timer set for %s (%s)", due.Format("15:04:05.000"), what), func() bool {
 		c.mu.Lock()
-		found := slices.ContainsFunc(c.timers, func(x fakeTimer) bool { return x.due.Equal(due) })
-		changed := c.changed
-		c.mu.Unlock()
-		if found {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("no timer set for %s (%s)", due.Format("15:04:05.000"), what)
-		}
-	}
+		defer c.mu.Unlock()
+		return slices.ContainsFunc(c.timers, func(x fakeTimer) bool { return x.due.Equal(due) })
+	}, waitfor.WakeFunc(func() <-chan struct{} {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.changed
+	}))
 }
 
 // connectVia opens the buckets through a connection to url (a proxy).

@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -77,19 +79,14 @@ func TestCacheFollowsABucketMadeAgain(t *testing.T) {
 		t.Fatalf("writing to the bucket made again through the old handle: %v", err)
 	}
 	deleted := map[string]bool{}
-	deadline := time.After(remakeWithin)
-	for !c.Has("new-1") || c.Len() != 1 {
-		select {
-		case <-sub.C():
+	waitfor.Until(t, remakeWithin, "the cache to hold only new-1", func() bool { return c.Has("new-1") && c.Len() == 1 },
+		waitfor.Wake(sub.C()), waitfor.Before(func() {
 			for _, ch := range sub.Drain() {
 				if ch.New == nil {
 					deleted[ch.Key] = true
 				}
 			}
-		case <-deadline:
-			t.Fatalf("the cache holds %d records, new-1: %v; want only new-1", c.Len(), c.Has("new-1"))
-		}
-	}
+		}), waitfor.Detail(func() string { return fmt.Sprintf("the cache holds %d records, new-1: %v", c.Len(), c.Has("new-1")) }))
 	for _, ch := range sub.Drain() {
 		if ch.New == nil {
 			deleted[ch.Key] = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 const within = 10 * time.Second
@@ -49,19 +51,8 @@ func (r *received) all() []string {
 // wait waits until payload was handled.
 func (r *received) wait(t *testing.T, payload string) {
 	t.Helper()
-	deadline := time.After(within)
-	for {
-		for _, p := range r.all() {
-			if p == payload {
-				return
-			}
-		}
-		select {
-		case <-r.more:
-		case <-deadline:
-			t.Fatalf("%q not handled within %s; handled: %q", payload, within, r.all())
-		}
-	}
+	waitfor.Until(t, within, fmt.Sprintf("%q handled", payload), func() bool { return slices.Contains(r.all(), payload) },
+		waitfor.Wake(r.more), waitfor.Detail(func() string { return fmt.Sprintf("handled: %q", r.all()) }))
 }
 
 func setup(t *testing.T) (jetstream.JetStream, jetstream.StreamConfig) {
@@ -225,20 +216,17 @@ func TestNextAfterTheConsumerWasDeleted(t *testing.T) {
 	}
 	logs.Wait(t, within, "the consumer was missing; made it again")
 	publish(t, js, "after")
-	deadline := time.Now().Add(within)
-	for {
+	waitfor.UntilErr(t, within, "a message from the consumer made again", func(context.Context) (bool, error) {
 		msg, err := c.Next(t.Context(), time.Second)
-		if err == nil {
-			if string(msg.Data()) != "after" {
-				t.Fatalf("got %q", msg.Data())
-			}
-			_ = msg.Ack()
-			return
+		if err != nil {
+			return false, err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no message from the consumer made again: %v", err)
+		if string(msg.Data()) != "after" {
+			t.Fatalf("got %q", msg.Data())
 		}
-	}
+		_ = msg.Ack()
+		return true, nil
+	})
 }
 
 // Two processes consuming one durable consumer repair it at once: one

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodepool-nats/nodepool/internal/k8stest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 // stack is this package's Kubernetes stack.
@@ -31,23 +32,7 @@ func TestMain(m *testing.M) { os.Exit(stack.Run(m)) }
 // eventually polls cond every 50 ms until it holds or timeout passes.
 func eventually(t *testing.T, what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	var last error
-	for {
-		ok, err := cond(ctx)
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	waitfor.UntilErr(t, timeout, what, cond, waitfor.Every(50*time.Millisecond))
 }
 
 // TestVersions: the constants are the versions the tools modules pin, and

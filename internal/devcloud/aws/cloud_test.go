@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"strings"
 	"testing"
 	"time"
@@ -64,13 +65,7 @@ func fast() Knobs {
 
 func waitFor(t *testing.T, what string, fn func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !fn() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, 10*time.Second, what, fn, waitfor.Every(20*time.Millisecond))
 }
 
 func TestInstancesLifecycle(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/pagination"
 
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 type clients struct {
@@ -102,20 +104,15 @@ func waitStatus(t *testing.T, cl clients, id, status string) *servers.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	for {
-		s, err := servers.Get(ctx, cl.compute, id).Extract()
-		if err != nil {
+	var s *servers.Server
+	waitfor.Until(t, 20*time.Second, fmt.Sprintf("server %s to be %s", id, status), func() bool {
+		var err error
+		if s, err = servers.Get(ctx, cl.compute, id).Extract(); err != nil {
 			t.Fatalf("server %s: %v", id, err)
 		}
-		if s.Status == status {
-			return s
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("server %s is %s, not %s", id, s.Status, status)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return s.Status == status
+	}, waitfor.Every(20*time.Millisecond), waitfor.Detail(func() string { return fmt.Sprintf("it is %s", s.Status) }))
+	return s
 }
 
 func TestServerLifecycle(t *testing.T) {
