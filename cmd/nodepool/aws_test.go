@@ -11,6 +11,7 @@ import (
 
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -76,9 +77,8 @@ func TestAWSLaunchResumedAfterKill(t *testing.T) {
 		t.Helper()
 		sub := nodes.Subscribe()
 		defer nodes.Unsubscribe(sub)
-		deadline := time.After(60 * time.Second)
-		for {
-			var found *kv.Node
+		var found *kv.Node
+		waitfor.Until(t, 60*time.Second, what, func() bool {
 			nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 				if cond(&e.Value) {
 					n := e.Value
@@ -87,16 +87,9 @@ func TestAWSLaunchResumedAfterKill(t *testing.T) {
 				}
 				return true
 			})
-			if found != nil {
-				return *found
-			}
-			select {
-			case <-sub.C():
-				sub.Drain()
-			case <-deadline:
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+			return found != nil
+		}, waitfor.Changes(sub))
+		return *found
 	}
 	booting := wait("the launch recorded in driver_data", func(n *kv.Node) bool {
 		return n.State == kv.NodeBuilding && strings.Contains(string(n.DriverData), `"instance_id"`)

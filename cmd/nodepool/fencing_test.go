@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -167,16 +168,10 @@ func testFencing(t *testing.T, mode string) {
 	// launcher-1 comes back while launcher-2 still drives its launches.
 	proxy.Restore()
 	comps := rec.client.Buckets().Components
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := comps.Get(t.Context(), "launcher-1"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("launcher-1 did not come back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, 60*time.Second, "launcher-1 to come back", func() bool {
+		_, err := comps.Get(t.Context(), "launcher-1")
+		return err == nil
+	}, waitfor.Every(50*time.Millisecond))
 	rec.until(60*time.Second, "every request fulfilled", func() bool { return audit.fulfilledCount() >= n })
 	rec.until(10*time.Second, "every node taken over seen ready", func() bool {
 		mu.Lock()

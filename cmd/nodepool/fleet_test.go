@@ -101,22 +101,7 @@ func (f *fleet) stop() {
 // awaitLog is waitLog for goroutines other than the test's: it returns an
 // error instead of failing the test.
 func (p *proc) awaitLog(s string, timeout time.Duration) error {
-	deadline := time.After(timeout)
-	for {
-		if strings.Contains(p.output(), s) {
-			return nil
-		}
-		select {
-		case <-p.more:
-		case <-p.done:
-			if strings.Contains(p.output(), s) {
-				return nil
-			}
-			return fmt.Errorf("nodepool run exited (%v) before logging %q", p.err, s)
-		case <-deadline:
-			return fmt.Errorf("nodepool run did not log %q within %s", s, timeout)
-		}
-	}
+	return p.untilLog(fmt.Sprintf("%q", s), timeout, func(out string) bool { return strings.Contains(out, s) })
 }
 
 // outcome is how one request of a test requestor ended.

@@ -20,6 +20,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -42,17 +43,12 @@ func watchImages(t *testing.T, url string) *imageRecords {
 	}
 	t.Cleanup(nc.Close)
 	var c *client.Client
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		// The buckets exist once a nodepool process created them.
-		if c, err = client.New(t.Context(), nc); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // polling for a bucket no event announces
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The buckets exist once a nodepool process created them (no event
+	// announces them: polled).
+	waitfor.UntilErr(t, 30*time.Second, "the buckets a nodepool process makes", func(ctx context.Context) (bool, error) {
+		c, err = client.New(ctx, nc)
+		return err == nil, err
+	}, waitfor.Every(50*time.Millisecond))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := &imageRecords{t: t, client: c, builds: kv.NewCache(c.Images().Builds, log), uploads: kv.NewCache(c.Images().Uploads, log),
 		history: map[string][]kv.ImageBuild{}}
@@ -88,32 +84,18 @@ func (r *imageRecords) until(timeout time.Duration, what string, cond func() boo
 	sb, su := r.builds.Subscribe(), r.uploads.Subscribe()
 	defer r.builds.Unsubscribe(sb)
 	defer r.uploads.Unsubscribe(su)
-	deadline := time.After(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		sb.Drain()
-		su.Drain()
-		if cond() {
-			return
-		}
-		select {
-		case <-sb.C():
-		case <-su.C():
-		case <-tick.C:
-		case <-deadline:
-			var b strings.Builder
-			r.builds.Range(func(e *kv.Entry[kv.ImageBuild]) bool {
-				fmt.Fprintf(&b, "  %s %s by %s %q\n", e.Key, e.Value.State, e.Value.Builder, e.Value.Reason)
-				return true
-			})
-			r.uploads.Range(func(e *kv.Entry[kv.ImageUpload]) bool {
-				fmt.Fprintf(&b, "  %s %s by %s %q\n", e.Key, e.Value.State, e.Value.Uploader, e.Value.Reason)
-				return true
-			})
-			r.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, b.String())
-		}
-	}
+	waitfor.Until(r.t, timeout, what, cond, waitfor.Every(50*time.Millisecond), waitfor.Changes(sb), waitfor.Changes(su), waitfor.Detail(func() string {
+		var b strings.Builder
+		r.builds.Range(func(e *kv.Entry[kv.ImageBuild]) bool {
+			fmt.Fprintf(&b, "  %s %s by %s %q\n", e.Key, e.Value.State, e.Value.Builder, e.Value.Reason)
+			return true
+		})
+		r.uploads.Range(func(e *kv.Entry[kv.ImageUpload]) bool {
+			fmt.Fprintf(&b, "  %s %s by %s %q\n", e.Key, e.Value.State, e.Value.Uploader, e.Value.Reason)
+			return true
+		})
+		return b.String()
+	}))
 }
 
 func (r *imageRecords) build(image, id string) (kv.ImageBuild, bool) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -129,21 +130,36 @@ func (p *proc) output() string {
 // waitLog waits for a line of the log containing s.
 func (p *proc) waitLog(s string, timeout time.Duration) {
 	p.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		if strings.Contains(p.output(), s) {
-			return
-		}
-		select {
-		case <-p.more:
-		case <-p.done:
-			if strings.Contains(p.output(), s) {
-				return
-			}
-			p.t.Fatalf("nodepool run exited (%v) before logging %q", p.err, s)
-		case <-deadline:
-			p.t.Fatalf("nodepool run did not log %q within %s", s, timeout)
-		}
+	if err := p.untilLog(fmt.Sprintf("%q", s), timeout, func(out string) bool { return strings.Contains(out, s) }); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// untilLog waits until the log so far satisfies ok, re-checking it on
+// every line logged; it tells why it did not (the run exited first, or
+// the timeout passed), naming what.
+func (p *proc) untilLog(what string, timeout time.Duration, ok func(log string) bool) error {
+	var held, exited bool
+	waitfor.True(timeout, func() bool {
+		exited = isClosed(p.done) // the whole log is in once the run exited
+		held = ok(p.output())
+		return held || exited
+	}, waitfor.Wake(p.more, p.done))
+	switch {
+	case held:
+		return nil
+	case exited:
+		return fmt.Errorf("nodepool run exited (%v) before logging %s", p.err, what)
+	}
+	return fmt.Errorf("timed out after %s waiting for nodepool run to log %s", timeout, what)
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -252,38 +268,16 @@ func (r *records) until(timeout time.Duration, what string, cond func() bool) {
 	sn, sr := r.nodes.Subscribe(), r.requests.Subscribe()
 	defer r.nodes.Unsubscribe(sn)
 	defer r.requests.Unsubscribe(sr)
-	var instC <-chan struct{}
-	var si *kv.Subscription[fake.InstanceRecord]
-	if r.instances != nil {
-		si = r.instances.Subscribe()
-		defer r.instances.Unsubscribe(si)
-		instC = si.C()
-	}
 	// Conditions may also read what the test's own watchers gathered
 	// from the records, which can lag the records: look again now and
 	// then too.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	tickC := tick.C
-	deadline := time.After(timeout)
-	for {
-		sn.Drain()
-		sr.Drain()
-		if si != nil {
-			si.Drain()
-		}
-		if cond() {
-			return
-		}
-		select {
-		case <-sn.C():
-		case <-sr.C():
-		case <-instC:
-		case <-tickC:
-		case <-deadline:
-			r.t.Fatalf("timed out after %s waiting for %s\n%s", timeout, what, r.dump())
-		}
+	opts := []waitfor.Option{waitfor.Every(100 * time.Millisecond), waitfor.Changes(sn), waitfor.Changes(sr), waitfor.Detail(r.dump)}
+	if r.instances != nil {
+		si := r.instances.Subscribe()
+		defer r.instances.Unsubscribe(si)
+		opts = append(opts, waitfor.Changes(si))
 	}
+	waitfor.Until(r.t, timeout, what, cond, opts...)
 }
 
 // dump describes the records, for failure messages.

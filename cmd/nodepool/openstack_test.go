@@ -21,6 +21,7 @@ import (
 	devos "github.com/nodepool-nats/nodepool/internal/devcloud/openstack"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -87,17 +88,12 @@ providers:
 	// out every few seconds: a replacement may be booting without its
 	// floating IP yet, or the one it replaces be going with its own, so
 	// this is waited for, with a deadline.)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		fips, servers := cloud.FloatingIPs(), cloud.Servers()
-		if len(fips) == len(servers) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%d floating IPs for %d servers: %+v", len(fips), len(servers), fips)
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // the dev cloud's state, which no record announces
+	fips, servers := cloud.FloatingIPs(), cloud.Servers()
+	if !waitfor.True(30*time.Second, func() bool {
+		fips, servers = cloud.FloatingIPs(), cloud.Servers()
+		return len(fips) == len(servers)
+	}, waitfor.Every(50*time.Millisecond)) { // the dev cloud's state, which no record announces
+		t.Errorf("%d floating IPs for %d servers: %+v", len(fips), len(servers), fips)
 	}
 }
 

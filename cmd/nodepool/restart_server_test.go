@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -97,17 +98,10 @@ func TestServerRestartUnderLaunchers(t *testing.T) {
 	srv.WaitForShutdown()
 	// The launchers notice (their status says they are not connected).
 	for _, id := range ids {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		waitfor.UntilErr(t, 30*time.Second, id+" to report no connection to the stopped server", func(context.Context) (bool, error) {
 			st, err := getStatus(addrs[id])
-			if err == nil && !st.NatsConnected {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s still reports a connection to the stopped server (%v)", id, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err == nil && !st.NatsConnected, err
+		}, waitfor.Every(50*time.Millisecond))
 	}
 	// More requests while the server is down: the client tries again
 	// until it is back.
@@ -125,17 +119,14 @@ func TestServerRestartUnderLaunchers(t *testing.T) {
 	rec.until(60*time.Second, "only the min-ready node left, with its instance", func() bool { return quiet(rec, 1) })
 	// Every launcher's caches resumed: each sees what the buckets hold.
 	for _, id := range ids {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			st, err := getStatus(addrs[id])
-			if err == nil && st.NatsConnected && st.Nodes[kv.NodeReady] == 1 && len(st.Nodes) == 1 && st.Requests == rec.requests.Len() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's view did not come back to the buckets' (1 ready node, %d requests): %+v %v", id, rec.requests.Len(), st, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		var st launcherStatus
+		var err error
+		waitfor.Until(t, 30*time.Second, id+"'s view to come back to the buckets' (1 ready node, the requests they hold)", func() bool {
+			st, err = getStatus(addrs[id])
+			return err == nil && st.NatsConnected && st.Nodes[kv.NodeReady] == 1 && len(st.Nodes) == 1 && st.Requests == rec.requests.Len()
+		}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string {
+			return fmt.Sprintf("the buckets hold %d requests; %s's view: %+v %v", rec.requests.Len(), id, st, err)
+		}))
 	}
 	stopAudit()
 	violations, summary := audit.report()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -75,15 +76,8 @@ func (p *proc) countLog(s string) int {
 // waitLogCount waits until s was logged n times.
 func (p *proc) waitLogCount(s string, n int, timeout time.Duration) {
 	p.t.Helper()
-	deadline := time.After(timeout)
-	for p.countLog(s) < n {
-		select {
-		case <-p.more:
-		case <-p.done:
-			p.t.Fatalf("nodepool run exited (%v) before logging %q %d times", p.err, s, n)
-		case <-deadline:
-			p.t.Fatalf("nodepool run did not log %q %d times within %s", s, n, timeout)
-		}
+	if err := p.untilLog(fmt.Sprintf("%q %d times", s, n), timeout, func(out string) bool { return strings.Count(out, s) >= n }); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
@@ -261,12 +255,12 @@ func TestMetricsAndStatsd(t *testing.T) {
 	})
 
 	launch := regexp.MustCompile(`nodepool_launch_duration_seconds_count\{az="fake-az",image="",label="big",provider="cloud1",result="ready"\} 1`)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	launched, system, calls := 0, 0, 0
+	waitfor.Until(t, 20*time.Second, "one process to show the launch and one the system gauges", func() bool {
 		// The launch and its driver calls are counted by the process
 		// that ran it; the system gauges by the one that leads cleanup,
 		// which may be the other one.
-		launched, system, calls := 0, 0, 0
+		launched, system, calls = 0, 0, 0
 		for _, a := range addrs {
 			m := scrape(t, a)
 			if launch.MatchString(m) {
@@ -281,15 +275,12 @@ func TestMetricsAndStatsd(t *testing.T) {
 				system++
 			}
 		}
-		if launched == 1 && system == 1 && calls >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the launch: %d processes show the launch (want 1), %d the system gauges (want 1), %d create calls (want 1 or more)\n%s\n----\n%s",
+		return launched == 1 && system == 1 && calls >= 1
+	}, waitfor.Every(100*time.Millisecond), // scrapes are polled, as Prometheus does
+		waitfor.Detail(func() string {
+			return fmt.Sprintf("after the launch: %d processes show the launch (want 1), %d the system gauges (want 1), %d create calls (want 1 or more)\n%s\n----\n%s",
 				launched, system, calls, scrape(t, addrs[0]), scrape(t, addrs[1]))
-		}
-		time.Sleep(100 * time.Millisecond) // scrapes are polled, as Prometheus does
-	}
+		}))
 
 	// Nodepool's statsd names, the requestor normalized as Nodepool does.
 	want := map[string]bool{

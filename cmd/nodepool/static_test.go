@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/internal/sshtest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -34,19 +35,13 @@ func untilNode(t *testing.T, nodes *kv.Cache[kv.Node], id string, timeout time.D
 	t.Helper()
 	sub := nodes.Subscribe()
 	defer nodes.Unsubscribe(sub)
-	deadline := time.After(timeout)
-	for {
-		sub.Drain()
-		if e, ok := nodes.Get(id); ok && cond(e.Value) {
-			return
-		}
-		select {
-		case <-sub.C():
-		case <-deadline:
-			e, _ := nodes.Get(id)
-			t.Fatalf("timed out after %s waiting for node %s: %s; it is %+v", timeout, id, what, e.Value)
-		}
-	}
+	waitfor.Until(t, timeout, fmt.Sprintf("node %s: %s", id, what), func() bool {
+		e, ok := nodes.Get(id)
+		return ok && cond(e.Value)
+	}, waitfor.Changes(sub), waitfor.Detail(func() string {
+		e, _ := nodes.Get(id)
+		return fmt.Sprintf("it is %+v", e.Value)
+	}))
 }
 
 // A static host that does not answer is listed with its state and why; once
@@ -78,24 +73,15 @@ providers:
 
 	var id string
 	sub := nodes.Subscribe()
-	deadline := time.After(20 * time.Second)
-	for id == "" {
+	waitfor.Until(t, 20*time.Second, "the unreachable static host to say so in its node record", func() bool {
 		nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 			if e.Value.Provider == "rack" && strings.Contains(e.Value.Reason, "unreachable") {
 				id = e.Key
 			}
 			return id == ""
 		})
-		if id != "" {
-			break
-		}
-		select {
-		case <-sub.C():
-			sub.Drain()
-		case <-deadline:
-			t.Fatal("the unreachable static host never said so in its node record")
-		}
-	}
+		return id != ""
+	}, waitfor.Changes(sub))
 	nodes.Unsubscribe(sub)
 	out, _, code := nodepool(t, cli, "list")
 	var line string

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/internal/zktest"
 	"github.com/nodepool-nats/nodepool/internal/zuulsim"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -243,22 +244,17 @@ func TestZuulKillBridgesAndZooKeeper(t *testing.T) {
 		return left == 0
 	})
 	var dump map[string]string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.Until(t, 30*time.Second, "no node znode left", func() bool {
 		dump = nil
 		z.Must(&dump, "dump", nil)
-		if len(dump) == 0 {
-			break
+		return len(dump) == 0
+	}, waitfor.Every(100*time.Millisecond), waitfor.Detail(func() string {
+		var ids []string
+		for id := range dump {
+			ids = append(ids, id)
 		}
-		if time.Now().After(deadline) {
-			var ids []string
-			for id := range dump {
-				ids = append(ids, id)
-			}
-			t.Fatalf("node znodes left: %s", strings.Join(ids, " "))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return "node znodes left: " + strings.Join(ids, " ")
+	}))
 }
 
 // Zuul's requests and nodes are requests and nodes like any other for the
