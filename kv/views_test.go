@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -37,14 +38,7 @@ func TestViewsShareOneCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := func(id string) bool {
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if a.Has(id) {
-				return true
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return false
+		return waitfor.True(10*time.Second, func() bool { return a.Has(id) }, waitfor.Every(10*time.Millisecond))
 	}
 	write := func(id string) {
 		t.Helper()

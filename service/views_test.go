@@ -12,6 +12,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -59,27 +60,20 @@ providers:
 	t.Cleanup(func() { cancel(); <-done; p.Close() })
 
 	_, js := srv.Connect(t)
+	// One deadline for the launcher to run and every bucket to be
+	// watched once.
 	deadline := time.Now().Add(20 * time.Second)
-	for p.Launcher() == nil || !p.Launcher().Running() {
-		if time.Now().After(deadline) {
-			t.Fatal("the launcher is not running after 20 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, time.Until(deadline), "the launcher running", func() bool { return p.Launcher() != nil && p.Launcher().Running() })
 	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
 		// A watch restarted a moment ago may leave its old consumer for
 		// a while: the count must come down to one.
 		var got []string
-		for {
+		waitfor.Until(t, time.Until(deadline), fmt.Sprintf("one watch of bucket %s", bucket), func() bool {
 			got = watches(t, js, bucket)
-			if len(got) == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("bucket %s: %d watches, want 1:\n%s", bucket, len(got), strings.Join(got, "\n"))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return len(got) == 1
+		}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string {
+			return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
+		}))
 	}
 }
 
