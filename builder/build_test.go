@@ -234,7 +234,10 @@ providers:
 // logs kept.
 func TestBuildFailureTimeoutAndLogs(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
+	// Leases of 6 s: the slow build must end by its build-timeout, not
+	// by a lease whose 500 ms renewals a loaded machine held back for
+	// 1.3 s (seen once at a load average of 15).
+	h := newHarnessTTL(t, `
 build-log-retention: 1
 diskimages:
   - name: broken
@@ -248,7 +251,7 @@ diskimages:
     env-vars: {FAKE_DIB_HANG: "1", FAKE_DIB_PIDFILE: "{{dir}}/pids"}
 labels: []
 providers: []
-`)
+`, 6*time.Second)
 	b := h.startBuilder("b1", nil, func(o *builder.Options) { o.BuildWorkers = 2 })
 	h.until(20*time.Second, "three failed builds of broken", func() bool { return len(h.buildsIn("broken", kv.ImageFailed)) >= 3 })
 	failed := h.buildsIn("broken", kv.ImageFailed)

@@ -37,13 +37,14 @@ const leaseTTL = 2 * time.Second
 // caches of the image records and of each fake cloud's images, so tests
 // wait on records instead of sleeping.
 type harness struct {
-	t      *testing.T
-	srv    *natstest.Server
-	js     jetstream.JetStream
-	b      *kv.Buckets
-	img    *kv.ImageStores
-	cfg    *config.Config
-	client *client.Client
+	leaseTTL time.Duration // of the buckets and the builders
+	t        *testing.T
+	srv      *natstest.Server
+	js       jetstream.JetStream
+	b        *kv.Buckets
+	img      *kv.ImageStores
+	cfg      *config.Config
+	client   *client.Client
 	// dir holds the files the fake-dib script is told to use.
 	dir string
 
@@ -83,7 +84,15 @@ func (h *harness) parse(yaml string) *config.Config {
 
 func newHarness(t *testing.T, yaml string) *harness {
 	t.Helper()
-	h := &harness{t: t, srv: natstest.Start(t), dir: t.TempDir(), clouds: map[string]*kv.Cache[fake.ImageRecord]{}}
+	return newHarnessTTL(t, yaml, leaseTTL)
+}
+
+// newHarnessTTL is newHarness with leases of ttl, for a test that does
+// not kill builders and must not have its builds lose their leases on a
+// loaded machine.
+func newHarnessTTL(t *testing.T, yaml string, ttl time.Duration) *harness {
+	t.Helper()
+	h := &harness{t: t, srv: natstest.Start(t), dir: t.TempDir(), clouds: map[string]*kv.Cache[fake.ImageRecord]{}, leaseTTL: ttl}
 	h.cfg = h.parse(yaml)
 	nc, js := h.srv.Connect(t)
 	h.js = js
@@ -91,7 +100,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 	if err := events.Ensure(ctx, js, 1, testLog(t)); err != nil {
 		t.Fatal(err)
 	}
-	b, err := kv.Ensure(ctx, js, kv.Options{Replicas: 1, LeaseTTL: leaseTTL}, testLog(t))
+	b, err := kv.Ensure(ctx, js, kv.Options{Replicas: 1, LeaseTTL: h.leaseTTL}, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +186,7 @@ func (h *harness) startBuilder(id string, cfg *config.Config, change func(*build
 		h.t.Fatal(err)
 	}
 	opts := builder.Options{
-		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL, SyncInterval: 200 * time.Millisecond,
+		ID: id, Config: cfg, Providers: providers, LeaseTTL: h.leaseTTL, SyncInterval: 200 * time.Millisecond,
 		BuildWorkers: 1, UploadWorkers: 2, ImagesDir: h.t.TempDir(), BuildLogDir: h.t.TempDir(),
 		RetryBase: 200 * time.Millisecond, Register: true, Log: testLog(h.t).With("builder", id),
 	}
