@@ -39,6 +39,11 @@ providers:
 // clusterEnv is the environment of a launcher on a cluster: the URLs of
 // every member, starting with the member its number picks, and R3.
 func clusterEnv(c *natstest.Cluster, ids []string) func(id string) map[string]string {
+	return clusterEnvTTL(c, ids, clusterLeaseTTL)
+}
+
+// clusterEnvTTL is clusterEnv with leases of ttl.
+func clusterEnvTTL(c *natstest.Cluster, ids []string, ttl time.Duration) func(id string) map[string]string {
 	return func(id string) map[string]string {
 		first := 0
 		for i, x := range ids {
@@ -49,7 +54,7 @@ func clusterEnv(c *natstest.Cluster, ids []string) func(id string) map[string]st
 		return map[string]string{
 			"NODEPOOL_NATS_URL": c.URLs(first), "NODEPOOL_REPLICAS": "3",
 			"NODEPOOL_ID": id, "NODEPOOL_ROLES": "launcher", "NODEPOOL_HTTP_ADDR": "",
-			"NODEPOOL_LEASE_TTL": clusterLeaseTTL.String(), "NODEPOOL_SYNC_INTERVAL": "500ms",
+			"NODEPOOL_LEASE_TTL": ttl.String(), "NODEPOOL_SYNC_INTERVAL": "500ms",
 		}
 	}
 }
@@ -69,7 +74,13 @@ func TestClusterNodesLeaderKilled(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	cfg := writeConfig(t, clusterConfig)
 	ids := []string{"launcher-0", "launcher-1", "launcher-2"}
-	fl := startFleet(t, cfg, clusterEnv(c, ids), ids...)
+	// No launcher is killed here: leases of twice the cluster's usual
+	// TTL lose nothing, and keep the launchers from fencing themselves
+	// over and over while the cluster elects leaders on a loaded machine
+	// (with 4 s, heartbeat writes that waited out the election at a load
+	// average of 15 fenced all three for most of a minute, and returned
+	// nodes waited more than the cleanup window).
+	fl := startFleet(t, cfg, clusterEnvTTL(c, ids, 2*clusterLeaseTTL), ids...)
 	rec := watchRecords(t, c.URLs(0), "cloud1")
 	audit, stopAudit := startAuditor(t, rec, limits{
 		quota: 50, maxServers: map[string]int{"main": 35, "spare": 15},
