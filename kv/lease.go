@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/clock"
 )
 
 // Lease is a key of the nodepool-locks bucket held by one process. The
@@ -39,17 +41,8 @@ type Lease struct {
 }
 
 // Clock is the time a lease goes by: the real one, or one a test moves
-// by hand.
-type Clock interface {
-	Now() time.Time
-	// After sends the time on the channel once d has passed.
-	After(d time.Duration) <-chan time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+// by hand (clock.Fake).
+type Clock = clock.Clock
 
 // LeaseOption changes how a lease is made.
 type LeaseOption func(*Lease)
@@ -59,7 +52,7 @@ func WithClock(c Clock) LeaseOption { return func(l *Lease) { l.clock = c } }
 
 // NewLease prepares a lease on key for holder; ttl must be the bucket's TTL.
 func NewLease(store *Store[LeaseRecord], key, holder string, ttl time.Duration, log *slog.Logger, opts ...LeaseOption) *Lease {
-	l := &Lease{store: store, key: key, holder: holder, ttl: ttl, clock: realClock{}, log: log.With("lease", key)}
+	l := &Lease{store: store, key: key, holder: holder, ttl: ttl, clock: clock.Real(), log: log.With("lease", key)}
 	for _, o := range opts {
 		o(l)
 	}
@@ -266,7 +259,7 @@ func (l *Lease) Elect(ctx context.Context, fn func(ctx context.Context)) {
 			select {
 			case <-ctx.Done():
 			case <-changed:
-			case <-time.After(interval):
+			case <-l.clock.After(interval):
 			}
 			continue
 		}

@@ -2,8 +2,6 @@ package kv_test
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,74 +10,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
-	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// fakeClock is a clock the test moves by hand.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	timers  []fakeTimer
-	changed chan struct{} // closed and replaced when a timer is set
-}
-
-type fakeTimer struct {
-	due time.Time
-	ch  chan time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC), changed: make(chan struct{})}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	if d <= 0 {
-		ch <- c.now
-		return ch
-	}
-	c.timers = append(c.timers, fakeTimer{due: c.now.Add(d), ch: ch})
-	close(c.changed)
-	c.changed = make(chan struct{})
-	return ch
-}
-
-// set moves the clock to t and fires the timers due by then.
-func (c *fakeClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-	c.timers = slices.DeleteFunc(c.timers, func(x fakeTimer) bool {
-		if x.due.After(t) {
-			return false
-		}
-		x.ch <- t
-		return true
-	})
-}
-
-// waitTimer waits until a timer is set for due.
-func (c *fakeClock) waitTimer(t *testing.T, due time.Time, what string) {
+// waitTimer waits until a timer of clk is set for due.
+func waitTimer(t *testing.T, clk *clock.Fake, due time.Time, what string) {
 	t.Helper()
-	waitfor.Until(t, 10*time.Second, fmt.Sprintf("a timer set for %s (%s)", due.Format("15:04:05.000"), what), func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return slices.ContainsFunc(c.timers, func(x fakeTimer) bool { return x.due.Equal(due) })
-	}, waitfor.WakeFunc(func() <-chan struct{} {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.changed
-	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := clk.BlockUntilDue(ctx, due); err != nil {
+		t.Fatalf("no timer set for %s (%s): %v", due.Format("15:04:05.000"), what, err)
+	}
 }
 
 // connectVia opens the buckets through a connection to url (a proxy).
@@ -141,7 +84,7 @@ func TestLeaseStepsDownTwoThirdsOfTheTTLAfterTheSend(t *testing.T) {
 	const ttl = time.Minute // renewals every 15 s, acting for 40 s after a send
 	_, proxy, writes := leaseServer(t, ttl)
 	b := connectVia(t, proxy.URL())
-	clk := newFakeClock()
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	t0 := clk.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	l := kv.NewLease(b.Locks, "test", "a", ttl, quietLog(), kv.WithClock(clk))
@@ -168,36 +111,36 @@ func TestLeaseStepsDownTwoThirdsOfTheTTLAfterTheSend(t *testing.T) {
 		stop()
 		<-kept
 	})
-	clk.waitTimer(t, at(15*time.Second), "the first renewal")
-	clk.waitTimer(t, at(40*time.Second), "the step-down after the acquisition")
+	waitTimer(t, clk, at(15*time.Second), "the first renewal")
+	waitTimer(t, clk, at(40*time.Second), "the step-down after the acquisition")
 
 	// A renewal answered at once.
-	clk.set(at(15 * time.Second))
+	clk.Set(at(15 * time.Second))
 	nextWrite(t, writes, "the renewal sent at +15s", func(r kv.LeaseRecord) bool { return r.Renewed.Equal(at(15 * time.Second)) })
-	clk.waitTimer(t, at(55*time.Second), "the step-down after the renewal sent at +15s")
+	waitTimer(t, clk, at(55*time.Second), "the step-down after the renewal sent at +15s")
 
 	// A renewal whose answer comes late: sent at +30s, stored by the
 	// server, answered when the clock says +45s. The lease lives a TTL
 	// from when the server stored it (+30s or later), so the holder may act
 	// until +70s, not +85s.
 	proxy.Delay(time.Second)
-	clk.set(at(30 * time.Second))
+	clk.Set(at(30 * time.Second))
 	nextWrite(t, writes, "the renewal sent at +30s", func(r kv.LeaseRecord) bool { return r.Renewed.Equal(at(30 * time.Second)) })
-	clk.set(at(45 * time.Second))
-	clk.waitTimer(t, at(70*time.Second), "the step-down after the renewal sent at +30s")
+	clk.Set(at(45 * time.Second))
+	waitTimer(t, clk, at(70*time.Second), "the step-down after the renewal sent at +30s")
 
 	// Then NATS stops answering: the renewal of +60s is stuck on its
 	// way, and the holder steps down at +70s all the same.
 	proxy.Stall()
-	clk.set(at(60 * time.Second))
-	clk.waitTimer(t, at(75*time.Second), "the renewal after the one of +60s")
-	clk.set(at(70*time.Second - time.Millisecond))
+	clk.Set(at(60 * time.Second))
+	waitTimer(t, clk, at(75*time.Second), "the renewal after the one of +60s")
+	clk.Set(at(70*time.Second - time.Millisecond))
 	select {
 	case s := <-lost:
 		t.Fatalf("stepped down at +%s, before +70s: %v", s.at.Sub(t0), s.err)
 	default:
 	}
-	clk.set(at(70 * time.Second))
+	clk.Set(at(70 * time.Second))
 	select {
 	case s := <-lost:
 		if !s.at.Equal(at(70*time.Second)) || !strings.Contains(s.err.Error(), "no renewal sent in the last 40s succeeded") {
