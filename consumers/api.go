@@ -51,7 +51,7 @@ func refuse(code, format string, args ...any) error {
 
 // startAPI subscribes to the endpoints in the API's queue group.
 func (l *Launcher) startAPI(ctx context.Context) (stoppable, error) {
-	a := &api{b: l.b, log: l.log.With("worker", "api"), now: time.Now}
+	a := &api{b: l.b, log: l.log.With("worker", "api"), now: l.clock.Now}
 	nc := l.js.Conn()
 	msgs := make(chan *nats.Msg, 256)
 	sub, err := nc.ChanQueueSubscribe(events.APISubjects, APIQueue, msgs)

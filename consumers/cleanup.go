@@ -60,10 +60,10 @@ func (c *cleanup) run(ctx context.Context) {
 	}
 	c.orphanPools = map[string]int{}
 	c.unowned = map[string]sighting{}
-	c.lastPurge = time.Now()
+	c.lastPurge = c.l.clock.Now()
 	compSub := c.l.components.Subscribe()
 	defer c.l.components.Unsubscribe(compSub)
-	tick := time.NewTicker(c.l.opts.SyncInterval)
+	tick := c.l.clock.NewTicker(c.l.opts.SyncInterval)
 	defer tick.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -86,7 +86,7 @@ func (c *cleanup) run(ctx context.Context) {
 			return
 		case <-compSub.C():
 			continue
-		case <-tick.C:
+		case <-tick.C():
 		}
 		// The records' sweeps make no cloud call: a cloud that hangs holds
 		// up none of them.
@@ -98,7 +98,7 @@ func (c *cleanup) run(ctx context.Context) {
 		c.requests(ctx)
 		c.clouds.start(ctx)
 		drain.pass(ctx)
-		if time.Since(c.lastPurge) > 10*time.Minute {
+		if c.l.clock.Since(c.lastPurge) > 10*time.Minute {
 			c.purge(ctx)
 		}
 	}
@@ -134,14 +134,14 @@ func (s *cloudSweeps) start(ctx context.Context) {
 	for name := range c.l.current().providers {
 		s.mu.Lock()
 		if started, busy := s.running[name]; busy {
-			if !s.warned[name] && time.Since(started) > 3*c.l.opts.SyncInterval {
+			if !s.warned[name] && c.l.clock.Since(started) > 3*c.l.opts.SyncInterval {
 				s.warned[name] = true
-				c.l.log.Warn("a provider's cloud sweep is still running; its next passes wait for it (other providers' go on)", "provider", name, "running_for", time.Since(started).Round(time.Second))
+				c.l.log.Warn("a provider's cloud sweep is still running; its next passes wait for it (other providers' go on)", "provider", name, "running_for", c.l.clock.Since(started).Round(time.Second))
 			}
 			s.mu.Unlock()
 			continue
 		}
-		s.running[name] = time.Now()
+		s.running[name] = c.l.clock.Now()
 		s.warned[name] = false
 		suspects := s.suspects[name]
 		if suspects == nil {
@@ -250,11 +250,11 @@ func (c *cleanup) revisit(ctx context.Context) {
 		seen[e.Key] = true
 		s := c.unowned[e.Key]
 		if s.rev != e.Revision {
-			s = sighting{rev: e.Revision, first: time.Now()}
+			s = sighting{rev: e.Revision, first: l.clock.Now()}
 		}
 		s.n++
 		c.unowned[e.Key] = s
-		if s.n >= 2 && time.Since(s.first) >= l.opts.LeaseTTL {
+		if s.n >= 2 && l.clock.Since(s.first) >= l.opts.LeaseTTL {
 			due = append(due, *e)
 		}
 		return true
@@ -278,7 +278,7 @@ func (c *cleanup) revisit(ctx context.Context) {
 // max-hold-age, in-use nodes whose holder let lease_until pass.
 func (c *cleanup) expire(ctx context.Context) {
 	l := c.l
-	ex := newExpiry(l.config(), time.Now().UTC())
+	ex := newExpiry(l.config(), l.clock.Now().UTC())
 	var due []string
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
 		if ex.why(&e.Value) != "" {
@@ -359,7 +359,7 @@ func (ex expiry) readyTooLong(n *kv.Node) string {
 // deletes when their requestor does not.
 func (c *cleanup) expireRequests(ctx context.Context) {
 	l := c.l
-	now := l.opts.Now()
+	now := l.clock.Now()
 	var due []kv.Entry[kv.Request]
 	l.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		if requestExpired(&e.Value, now) || failedLongAgo(&e.Value, now, l.opts.FailedRequestAge) {
@@ -423,7 +423,7 @@ func (c *cleanup) requestsToEnd(live map[string]kv.ComponentPool) (declined, orp
 		r := e.Value
 		switch r.State {
 		case kv.RequestRequested:
-			if failIfAllDeclined(&r, live, time.Now()) {
+			if failIfAllDeclined(&r, live, c.l.clock.Now()) {
 				declined = append(declined, e.Key)
 			}
 		case kv.RequestPending:
@@ -452,7 +452,7 @@ func (c *cleanup) requestsToEnd(live map[string]kv.ComponentPool) (declined, orp
 func (c *cleanup) failDeclined(ctx context.Context, id string) {
 	l := c.l
 	_, err := l.requests.Modify(ctx, id, func(r *kv.Request) error {
-		if !failIfAllDeclined(r, l.livePools(), time.Now().UTC()) {
+		if !failIfAllDeclined(r, l.livePools(), l.clock.Now().UTC()) {
 			return kv.ErrSkip
 		}
 		return nil
@@ -473,7 +473,7 @@ func (c *cleanup) putBack(ctx context.Context, id string) {
 			return kv.ErrSkip
 		}
 		l.log.Info("request pending in a pool nobody serves; putting it back", "request", r.ID, "pool", kv.PoolRef(r.Provider, r.Pool))
-		r.SetState(kv.RequestRequested, time.Now().UTC())
+		r.SetState(kv.RequestRequested, l.clock.Now().UTC())
 		r.Provider, r.Pool, r.Nodes = "", "", []string{}
 		return nil
 	})
@@ -486,7 +486,7 @@ func (c *cleanup) putBack(ctx context.Context, id string) {
 // accounts for, once seen in two sweeps in a row.
 func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, provider string, drv drivers.Provider, suspects map[string]int) {
 	l := c.l
-	listed := time.Now()
+	listed := l.clock.Now()
 	insts, err := drv.ListInstances(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -591,7 +591,7 @@ func (c *cleanup) confirmLeaked(ctx context.Context, inst *drivers.Instance) boo
 // purge drops delete markers older than half an hour from the node and
 // request buckets, so churn does not grow them for ever.
 func (c *cleanup) purge(ctx context.Context) {
-	c.lastPurge = time.Now()
+	c.lastPurge = c.l.clock.Now()
 	for _, b := range []jetstream.KeyValue{c.l.b.Nodes.Bucket(), c.l.b.Requests.Bucket()} {
 		if err := b.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(30*time.Minute)); err != nil && ctx.Err() == nil {
 			c.l.log.Debug("could not purge delete markers", "bucket", b.Bucket(), "err", err)
@@ -649,7 +649,7 @@ func (c *cleanup) interrupted(n *kv.Node, why string) string {
 	switch {
 	case replace:
 		l.log.Info("replacing a ready node whose instance the cloud takes back", "node", n.ID, "external_id", n.ExternalID, "why", why)
-		n.SetState(kv.NodeDeleting, time.Now().UTC())
+		n.SetState(kv.NodeDeleting, l.clock.Now().UTC())
 		n.Launcher, n.DriverData, n.AllocatedTo, n.Reason = "", nil, "", why
 		return "replaced"
 	case (n.State == kv.NodeInUse || n.State == kv.NodeHold || n.State == kv.NodeReady) && n.Reason != why:

@@ -129,7 +129,7 @@ func (c *cleanup) failDead(ctx context.Context, provider, id, ext, status, why s
 				n.AllocatedTo, freed = "", true
 			}
 		}
-		n.SetState(kv.NodeFailed, time.Now().UTC())
+		n.SetState(kv.NodeFailed, l.clock.Now().UTC())
 		n.Launcher, n.Reason = "", why
 		return nil
 	})

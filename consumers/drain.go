@@ -175,7 +175,7 @@ func (d *drainer) rememberAll(ctx context.Context) error {
 		}
 		e, err := d.l.b.Providers.Upsert(ctx, key, func(cur *kv.ProviderRecord, _ bool) {
 			*cur = kv.ProviderRecord{Name: pc.Name, Driver: pc.Driver, Section: section,
-				Recorded: time.Now().UTC(), Launcher: d.l.opts.ID}
+				Recorded: d.l.clock.Now().UTC(), Launcher: d.l.opts.ID}
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("provider %s: %w", pc.Name, err))
@@ -437,7 +437,7 @@ func (t *drainTerm) end() {
 // two sweeps in a row and for at least a lease TTL; keys not seen are
 // forgotten.
 func (t *drainTerm) due(seen map[string]bool) map[string]bool {
-	now := time.Now()
+	now := t.l.clock.Now()
 	out := map[string]bool{}
 	for key := range t.gone {
 		if !seen[key] {
@@ -535,7 +535,7 @@ func (t *drainTerm) node(ctx context.Context, e kv.Entry[kv.Node], r *removal) {
 		if t.takenSoon(n) {
 			return // its requestor takes it; it goes when given back
 		}
-		now := time.Now().UTC()
+		now := t.l.clock.Now().UTC()
 		_, err := l.nodes.Modify(ctx, e.Key, func(cur *kv.Node) error {
 			if cur.State != n.State || cur.Provider != n.Provider || cur.Pool != n.Pool || t.takenSoon(cur) {
 				return kv.ErrSkip
@@ -631,7 +631,7 @@ func (s *scheduler) putBack(ctx context.Context, id, why string) {
 		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name {
 			return kv.ErrSkip
 		}
-		now := time.Now().UTC()
+		now := s.l.clock.Now().UTC()
 		s.log.Info("request pending in a pool that lost one of its labels; putting it back", "request", id, "why", why)
 		r.SetState(kv.RequestRequested, now)
 		r.Provider, r.Pool, r.Nodes = "", "", []string{}

@@ -87,7 +87,7 @@ func (t *drainTerm) record(ctx context.Context, provider string) (kv.Entry[kv.Pr
 	if e, ok := t.d.records.Get(key); ok && e.Value.DrainingSince != nil {
 		return e, nil
 	}
-	now := time.Now().UTC()
+	now := t.l.clock.Now().UTC()
 	e, err := t.d.records.Modify(ctx, key, func(cur *kv.ProviderRecord) error {
 		if cur.DrainingSince != nil {
 			return kv.ErrSkip
@@ -394,7 +394,7 @@ func (t *drainTerm) forget(ctx context.Context, provider, why string) {
 // records are removed instead); said so in the log.
 func (t *drainTerm) problem(ctx context.Context, provider, text string, abandoned bool) {
 	text = firstLine(text)
-	since, started, logIt := t.noteProblem(provider, text, time.Now())
+	since, started, logIt := t.noteProblem(provider, text, t.l.clock.Now())
 	if logIt {
 		t.l.log.Warn(problemWords(started, abandoned), "provider", provider, "problem", text, "since", since.UTC().Format(time.RFC3339))
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -38,8 +38,9 @@ func (l *Launcher) fenceAfter() time.Duration { return l.opts.LeaseTTL * 2 / 3 }
 // itself.
 func (l *Launcher) beatEvery() time.Duration { return l.opts.LeaseTTL / 4 }
 
-// clock is a monotonic time of this process.
-func (l *Launcher) clock() time.Duration { return time.Since(l.born) }
+// elapsed is the time of this process on its clock, from its birth
+// (monotonic on the real clock).
+func (l *Launcher) elapsed() time.Duration { return l.clock.Since(l.born) }
 
 // beaten records a heartbeat that succeeded; sent is when it was sent
 // (the record lives a TTL from when the server stored it, which is later).
@@ -55,13 +56,13 @@ func (l *Launcher) beaten(sent time.Duration) {
 // fenced reports whether this process must not drive machines now: its
 // last successful heartbeat was sent more than fenceAfter ago.
 func (l *Launcher) fenced() bool {
-	return l.clock()-time.Duration(l.lastBeat.Load()) > l.fenceAfter()
+	return l.elapsed()-time.Duration(l.lastBeat.Load()) > l.fenceAfter()
 }
 
 // untilFenced is how long until this process fences itself without a
 // heartbeat.
 func (l *Launcher) untilFenced() time.Duration {
-	return time.Duration(l.lastBeat.Load()) + l.fenceAfter() - l.clock()
+	return time.Duration(l.lastBeat.Load()) + l.fenceAfter() - l.elapsed()
 }
 
 // stopMachines cancels every machine running here; they stop at once,
@@ -91,7 +92,7 @@ func (lc *lifecycle) mayDrive(id string, state kv.NodeState) bool {
 // when a pool's pause changes); once a renewal succeeds after the process
 // fenced itself, it resumes the nodes that still name this process.
 func (l *Launcher) keepHeartbeat(ctx context.Context) {
-	t := time.NewTicker(l.beatEvery())
+	t := l.clock.NewTicker(l.beatEvery())
 	defer t.Stop()
 	beat := func() {
 		hctx, cancel := context.WithTimeout(ctx, l.beatEvery())
@@ -120,7 +121,7 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 			return
 		case <-l.beat:
 			beat()
-		case <-t.C:
+		case <-t.C():
 			beat()
 		}
 	}
@@ -129,10 +130,10 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 // watchFence stops every machine as soon as the process is fenced, and
 // says so once per time.
 func (l *Launcher) watchFence(ctx context.Context) {
-	for wait.Sleep(ctx, max(l.untilFenced(), time.Millisecond)) {
+	for clock.Sleep(ctx, l.clock, max(l.untilFenced(), time.Millisecond)) {
 		if !l.fenced() || l.fencedOff.Swap(true) {
 			if l.fenced() {
-				wait.Sleep(ctx, l.beatEvery()) // already fenced: look again later
+				clock.Sleep(ctx, l.clock, l.beatEvery()) // already fenced: look again later
 			}
 			continue
 		}

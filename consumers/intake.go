@@ -279,7 +279,7 @@ func (l *Launcher) recordUnhandled(ctx context.Context, msg jetstream.Msg, meta 
 // as can be trusted: its id if it has a valid one, its labels if valid,
 // its requestor; no requestor_data.
 func (l *Launcher) minimalRecord(data []byte, meta *jetstream.MsgMetadata) (rec *kv.Request) {
-	now := time.Now().UTC()
+	now := l.clock.Now().UTC()
 	rec = &kv.Request{ID: events.RequestID(meta.Sequence.Stream), State: kv.RequestFailed, Labels: []string{}, Nodes: []string{},
 		DeclinedBy: []string{}, RequestorData: json.RawMessage("{}"), Priority: events.DefaultPriority,
 		Created: meta.Timestamp.UTC(), StateTime: now}
@@ -326,7 +326,7 @@ func (l *Launcher) requestRecord(ctx context.Context, data []byte, meta *jetstre
 	if id == "" {
 		id = events.RequestID(meta.Sequence.Stream)
 	}
-	now := time.Now().UTC()
+	now := l.clock.Now().UTC()
 	rec := &kv.Request{
 		ID:               id,
 		State:            kv.RequestRequested,

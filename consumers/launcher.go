@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -50,8 +51,11 @@ type Options struct {
 	// FailedRequestAge is how long a failed request is kept before
 	// cleanup deletes it (default a day).
 	FailedRequestAge time.Duration
-	// Now is the clock request ages are measured by (default time.Now).
-	Now func() time.Time
+	// Clock is the time the launcher goes by (default the real one): its
+	// leases, its fencing, the cleanup's sweeps and the ages they compare,
+	// min-ready's retries, and the times written in the records (state
+	// times, hold expirations) that those compare.
+	Clock clock.Clock
 	// Version is reported in the component record.
 	Version string
 	// Roles are the process's roles, reported in the component record
@@ -76,10 +80,11 @@ type Options struct {
 
 // Launcher is one launcher process's share of the worker groups.
 type Launcher struct {
-	opts Options
-	js   jetstream.JetStream
-	b    *kv.Buckets
-	log  *slog.Logger
+	opts  Options
+	clock clock.Clock // opts.Clock
+	js    jetstream.JetStream
+	b     *kv.Buckets
+	log   *slog.Logger
 
 	nodes      *kv.Cache[kv.Node]
 	requests   *kv.Cache[kv.Request]
@@ -149,8 +154,8 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	if opts.FailedRequestAge == 0 {
 		opts.FailedRequestAge = DefaultFailedRequestAge
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+	if opts.Clock == nil {
+		opts.Clock = clock.Real()
 	}
 	log := opts.Log.With("launcher", opts.ID)
 	if opts.Pacer == nil {
@@ -158,6 +163,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 	}
 	l := &Launcher{
 		opts:       opts,
+		clock:      opts.Clock,
 		js:         js,
 		b:          b,
 		log:        log,
@@ -168,7 +174,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		paused:     map[string]bool{},
 		quotas:     map[string]*kv.CloudQuota{},
 		beat:       make(chan struct{}, 1),
-		born:       time.Now(),
+		born:       opts.Clock.Now(),
 		runners:    map[string]*runner{},
 	}
 	snap, err := l.newSnapshot(opts.Config, opts.Providers)
@@ -278,10 +284,10 @@ func (l *Launcher) Run(ctx context.Context) error {
 	l.syncRunners()
 	l.reloadMu.Unlock()
 	mr := newMinReady(l)
-	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log)
+	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
-	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log)
+	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
 	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
 	l.log.Info("launcher running", "providers", len(l.config().Providers))
@@ -317,7 +323,7 @@ func (l *Launcher) component() *kv.Component {
 		roles = []string{config.RoleLauncher}
 	}
 	c := &kv.Component{ID: l.opts.ID, Roles: roles, Hostname: host, PID: os.Getpid(),
-		Version: l.opts.Version, Heartbeat: time.Now().UTC()}
+		Version: l.opts.Version, Heartbeat: l.clock.Now().UTC()}
 	l.pausedMu.Lock()
 	defer l.pausedMu.Unlock()
 	c.Providers = []string{}
@@ -337,7 +343,7 @@ func (l *Launcher) component() *kv.Component {
 
 // heartbeat writes the component record (creating it if it expired).
 func (l *Launcher) heartbeat(ctx context.Context) error {
-	sent := l.clock()
+	sent := l.elapsed()
 	c := l.component()
 	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
 		started := cur.Started

@@ -326,7 +326,7 @@ func (lc *lifecycle) claim(ctx context.Context, e kv.Entry[kv.Node], orphan stri
 		}
 		cur.Launcher = me
 		if cur.State != kv.NodeBuilding && cur.State != kv.NodeDeleting {
-			cur.SetState(kv.NodeDeleting, time.Now().UTC())
+			cur.SetState(kv.NodeDeleting, lc.l.clock.Now().UTC())
 			cur.DriverData = nil
 		}
 		if orphan != "" && cur.State == kv.NodeDeleting && cur.ExternalID == "" {
@@ -368,7 +368,7 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 		if n.State != kv.NodeUsed {
 			return kv.ErrSkip
 		}
-		reg.Reregister(n, time.Now().UTC())
+		reg.Reregister(n, lc.l.clock.Now().UTC())
 		return nil
 	})
 	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {

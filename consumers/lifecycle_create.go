@@ -184,7 +184,7 @@ func (c *createRun) attemptFailed(ctx context.Context, attemptErr error) (stop b
 	if !lc.deleteInstance(ctx, c.u.drv, c.sm.ExternalID(), nil) {
 		return true, ""
 	}
-	if c.n.Attempt >= prov.LaunchRetries || time.Since(c.n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
+	if c.n.Attempt >= prov.LaunchRetries || c.lc.l.clock.Since(c.n.Created) > prov.LaunchTimeout.D() || errors.Is(attemptErr, drivers.ErrFatal) {
 		lc.failLaunch(ctx, &c.n, fmt.Errorf("launch failed after %d attempt(s): %w", c.n.Attempt, attemptErr))
 		return true, ""
 	}
@@ -219,7 +219,7 @@ func (c *createRun) ready(ctx context.Context, inst *drivers.Instance) {
 		x.DriverData = c.sm.State()
 		x.Attempt = attempt
 		x.Reason = ""
-		x.SetState(kv.NodeReady, time.Now().UTC())
+		x.SetState(kv.NodeReady, c.lc.l.clock.Now().UTC())
 	})
 	if err != nil {
 		c.lc.lostDuringCreate(ctx, c.id, c.u.drv, c.sm, attempt, err)
@@ -227,7 +227,7 @@ func (c *createRun) ready(ctx context.Context, inst *drivers.Instance) {
 	}
 	l.launchEnded(&ne.Value, metrics.LaunchReady)
 	c.log.Info("node ready", "label", createRequest(&ne.Value).Label, "request", ne.Value.AllocatedTo,
-		"external_id", ne.Value.ExternalID, "az", ne.Value.AZ, "took", time.Since(ne.Value.Created).Round(time.Millisecond))
+		"external_id", ne.Value.ExternalID, "az", ne.Value.AZ, "took", c.lc.l.clock.Since(ne.Value.Created).Round(time.Millisecond))
 }
 
 // progress records the machine's step (unless its driver's creates are
@@ -277,7 +277,7 @@ func (l *Launcher) launchEnded(n *kv.Node, result string) {
 			}
 		}
 	}
-	l.metrics.Launch(result, n.Provider, n.AZ, label, image, n.Requestor, time.Since(n.Created))
+	l.metrics.Launch(result, n.Provider, n.AZ, label, image, n.Requestor, l.clock.Since(n.Created))
 }
 
 // lostDuringCreate runs when a write of a running create found the node
@@ -320,7 +320,7 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
 				return kv.ErrSkip
 			}
-			r.SetState(kv.RequestFailed, time.Now().UTC())
+			r.SetState(kv.RequestFailed, lc.l.clock.Now().UTC())
 			r.Reason = reason
 			return nil
 		})
@@ -329,7 +329,7 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 		}
 	}
 	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
-		x.SetState(kv.NodeFailed, time.Now().UTC())
+		x.SetState(kv.NodeFailed, lc.l.clock.Now().UTC())
 		x.Reason = reason
 		x.ExternalID = ""
 		x.DriverData = nil

@@ -82,7 +82,7 @@ func (m *minReady) run(ctx context.Context) {
 func MinReadyID(label string, n int) string { return fmt.Sprintf("min-ready-%s-%d", label, n) }
 
 func (m *minReady) pass(ctx context.Context) {
-	done, taken := m.requestSlots(time.Now())
+	done, taken := m.requestSlots(m.l.clock.Now())
 	have := m.readyCount(done)
 	for _, e := range done {
 		m.remove(ctx, e)
@@ -160,7 +160,7 @@ func (m *minReady) remove(ctx context.Context, e kv.Entry[kv.Request]) {
 // file creates a min-ready request record directly (as Nodepool does);
 // it reports whether the slot now holds a request.
 func (m *minReady) file(ctx context.Context, label string, n int) bool {
-	now := time.Now().UTC()
+	now := m.l.clock.Now().UTC()
 	id := MinReadyID(label, n)
 	r := &kv.Request{
 		ID: id, State: kv.RequestRequested, Labels: []string{label}, Nodes: []string{}, DeclinedBy: []string{},

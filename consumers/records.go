@@ -30,7 +30,7 @@ import (
 // another node in its place. Every write is revision-checked: a record
 // changed meanwhile is looked at again on the next sweep.
 func (c *cleanup) unaccountable(ctx context.Context) {
-	now := time.Now().UTC()
+	now := c.l.clock.Now().UTC()
 	for _, f := range c.unaccountableNodes(now) {
 		c.endNodeRecord(ctx, f)
 	}

@@ -52,7 +52,7 @@ func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 		n.Reason = reason
 		n.DriverData = nil // the next machine starts afresh
 		if n.State == kv.NodeBuilding {
-			n.SetState(kv.NodeFailed, time.Now().UTC())
+			n.SetState(kv.NodeFailed, lc.l.clock.Now().UTC())
 		} else {
 			n.Launcher = ""
 		}
@@ -81,7 +81,7 @@ func (lc *lifecycle) handlerPanicked(msg jetstream.Msg, p any) {
 		}
 		n.Reason = reason
 		if n.State == kv.NodeBuilding {
-			n.SetState(kv.NodeFailed, time.Now().UTC())
+			n.SetState(kv.NodeFailed, lc.l.clock.Now().UTC())
 		}
 		return nil
 	})

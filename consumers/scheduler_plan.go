@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -146,7 +145,7 @@ func (t *term) recheckPending(ctx context.Context, free map[string][]string, roo
 // service.
 func (t *term) waitingRequests() []*kv.Request {
 	var waiting []*kv.Request
-	now := time.Now()
+	now := t.l.clock.Now()
 	for id, e := range t.idx.waiting {
 		if t.jobs.busy[id] || slices.Contains(e.Value.DeclinedBy, t.ref) || requestExpired(&e.Value, now) {
 			continue // an expired request is deleted by cleanup

@@ -22,7 +22,7 @@ func (s *scheduler) claim(ctx context.Context, id string, plan []slot) {
 		s.serveFromReady(ctx, id, plan)
 		return
 	}
-	now := time.Now().UTC()
+	now := s.l.clock.Now().UTC()
 	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
 			return kv.ErrSkip
@@ -73,7 +73,7 @@ func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) 
 		undo() // a node went meanwhile; the next pass plans again
 		return
 	}
-	now := time.Now().UTC()
+	now := s.l.clock.Now().UTC()
 	_, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestRequested || slices.Contains(r.DeclinedBy, s.ref) {
 			return kv.ErrSkip
@@ -166,7 +166,7 @@ func (s *scheduler) allocate(ctx context.Context, nodeID string, r *kv.Request) 
 // create writes the record of a new node for a request; the node lifecycle
 // group launches it.
 func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
-	now := time.Now().UTC()
+	now := s.l.clock.Now().UTC()
 	size, err := s.drv.QuotaForLabel(s.pool.Name, sl.label)
 	if err != nil {
 		size = kv.Resources{Instances: 1}
@@ -204,7 +204,7 @@ func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
 		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, nodes) {
 			return kv.ErrSkip
 		}
-		r.SetState(kv.RequestFulfilled, time.Now().UTC())
+		r.SetState(kv.RequestFulfilled, s.l.clock.Now().UTC())
 		r.Reason = ""
 		return nil
 	})
@@ -213,7 +213,8 @@ func (s *scheduler) fulfil(ctx context.Context, id string, nodes []string) {
 	}
 }
 
-// fulfilled counts and logs a request fulfilled by this pool.
+// fulfilled counts and logs a request fulfilled by this pool. created is
+// the request's, its message's time on the NATS server: real time.
 func (s *scheduler) fulfilled(created time.Time, id string, plan ...slot) {
 	s.l.metrics.Request(s.prov.Name, s.pool.Name, metrics.RequestFulfilled, time.Since(created))
 	nodes := make([]string, 0, len(plan))
@@ -234,7 +235,7 @@ func (s *scheduler) fail(ctx context.Context, id, reason string) {
 		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name {
 			return kv.ErrSkip
 		}
-		r.SetState(kv.RequestFailed, time.Now().UTC())
+		r.SetState(kv.RequestFailed, s.l.clock.Now().UTC())
 		r.Reason = reason
 		return nil
 	})
@@ -271,7 +272,7 @@ func (s *scheduler) decline(ctx context.Context, id, why string) {
 		} else {
 			r.Reason += "; " + note
 		}
-		failIfAllDeclined(r, s.l.livePools(), time.Now().UTC())
+		failIfAllDeclined(r, s.l.livePools(), s.l.clock.Now().UTC())
 		return nil
 	})
 	if err == nil {
@@ -320,7 +321,7 @@ func (s *scheduler) failBroken(ctx context.Context, id, reason string) {
 		if r.Done() {
 			return kv.ErrSkip
 		}
-		r.SetState(kv.RequestFailed, time.Now().UTC())
+		r.SetState(kv.RequestFailed, s.l.clock.Now().UTC())
 		r.Reason = reason
 		return nil
 	})

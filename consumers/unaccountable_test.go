@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -28,8 +28,6 @@ providers:
     driver: fake
     pools: [{name: p, max-servers: 1, labels: [small]}]
 `)
-	clk := newSweepClock()
-	h.options = func(o *consumers.Options) { o.Now = clk.now }
 	l := h.startLauncher("l1")
 	cloud, ok := drivers.As[*fake.Provider](l.Providers["c"])
 	if !ok {
@@ -117,7 +115,7 @@ providers:
 	// revisions over more sweeps.
 	revs := map[string]uint64{}
 	h.requests.Range(func(e *kv.Entry[kv.Request]) bool { revs[e.Key] = e.Revision; return true })
-	clk.waitSweeps(t, 4)
+	h.sweeps(clock.Real(), 4)
 	h.requests.Range(func(e *kv.Entry[kv.Request]) bool {
 		if revs[e.Key] != 0 && revs[e.Key] != e.Revision {
 			t.Errorf("request %s rewritten (revision %d, then %d)", e.Key, revs[e.Key], e.Revision)
