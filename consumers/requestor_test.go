@@ -11,9 +11,10 @@ import (
 // A request whose lease ran out (its requestor stopped renewing
 // lease_until) is deleted and its nodes go back to the pool; one whose
 // lease is renewed, or that has none, stays as long as its requestor wants.
+// The launcher goes by a fake clock, which the test moves past the lease.
 func TestRequestLeaseRunsOut(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
+	h, clk := newFakeClockHarness(t, `
 labels: [{name: small}]
 providers:
   - name: c
@@ -21,7 +22,7 @@ providers:
     pools: [{name: p, labels: [small]}]
 `)
 	h.startLauncher("l1")
-	soon := time.Now().Add(3 * time.Second)
+	soon := clk.Now().Add(time.Hour)
 	lapsed := h.submit(events.RequestMessage{ID: "lapsed", Labels: []string{"small"}, LeaseUntil: &soon})
 	renewed := h.submit(events.RequestMessage{ID: "renewed", Labels: []string{"small"}, LeaseUntil: &soon})
 	plain := h.submit(events.RequestMessage{ID: "plain", Labels: []string{"small"}})
@@ -31,24 +32,16 @@ providers:
 	if r.LeaseUntil == nil || !r.LeaseUntil.Equal(soon.UTC()) {
 		t.Errorf("lease_until recorded as %v, want %v", r.LeaseUntil, soon.UTC())
 	}
-	// The renewing requestor renews until the lapsed one is gone.
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(500 * time.Millisecond):
-				_ = h.client.RenewRequest(t.Context(), renewed, time.Now().Add(3*time.Second))
-			}
-		}
-	}()
-	h.until(30*time.Second, "the lapsed request deleted and its node free", func() bool {
+	// The renewing requestor renews its lease past the lapsed one's.
+	if err := h.client.RenewRequest(t.Context(), renewed, soon.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour + time.Minute)
+	h.untilSwept(clk, 30*time.Second, "the lapsed request deleted and its node free", func() bool {
 		_, there := h.request(lapsed)
 		n, ok := h.nodes.Get(node)
 		return !there && ok && n.Value.AllocatedTo == "" && n.Value.State == kv.NodeReady
 	})
-	close(done)
 	for _, id := range []string{renewed, plain} {
 		if r, ok := h.request(id); !ok || r.State != kv.RequestFulfilled {
 			t.Errorf("request %s: %v %s", id, ok, r.State)
