@@ -18,7 +18,6 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
-	"github.com/nodepool-nats/nodepool/service"
 )
 
 // repairWithin bounds how long a repair and the next piece of work take.
@@ -67,14 +66,7 @@ providers:
 		Replicas: 1, LeaseTTL: 6 * time.Second, SyncInterval: 500 * time.Millisecond, DataDir: t.TempDir(),
 		BuildWorkers: 1, UploadWorkers: 1}
 	log, logs := logtest.New(t)
-	p, err := service.Start(t.Context(), settings, cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; p.Close() })
+	runProcess(t, settings, cfg, log)
 
 	nc, _ := srv.Connect(t)
 	c, err := client.New(t.Context(), nc)

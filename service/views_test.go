@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
-	"github.com/nodepool-nats/nodepool/service"
 )
 
 // TestOneWatchPerBucket: a process whose launcher runs a static and a
@@ -50,14 +48,7 @@ providers:
 	settings := config.Settings{NatsURL: srv.ClientURL(), ID: "l1", Roles: []string{config.RoleLauncher},
 		Replicas: 1, LeaseTTL: 6 * time.Second, SyncInterval: 500 * time.Millisecond, DataDir: t.TempDir()}
 	log, _ := logtest.New(t)
-	p, err := service.Start(t.Context(), settings, cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; p.Close() })
+	p := runProcess(t, settings, cfg, log)
 
 	_, js := srv.Connect(t)
 	// One deadline for the launcher to run and every bucket to be
