@@ -281,8 +281,19 @@ func (b *Builder) keepAliveEvery() time.Duration { return b.opts.LeaseTTL / 3 }
 
 // Run runs the builder's worker groups until ctx ends. Builds and uploads
 // in progress are then stopped, recorded as interrupted and their triggers
-// handed back, so another process takes them at once.
+// handed back, so another process takes them at once. A ctx that ends
+// while the builder is still starting is a shutdown too: Run then returns
+// nil.
 func (b *Builder) Run(ctx context.Context) error {
+	err := b.run(ctx)
+	if err != nil && ctx.Err() != nil {
+		b.log.Info("builder stopped while starting", "error", err)
+		return nil
+	}
+	return err
+}
+
+func (b *Builder) run(ctx context.Context) error {
 	for _, dir := range []string{b.opts.ImagesDir, b.opts.BuildLogDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("builder: %w", err)

@@ -221,8 +221,23 @@ func (l *Launcher) Running() bool { return l.running.Load() }
 // Run runs the launcher's worker groups until ctx ends, then shuts down:
 // consumers stop taking messages, launches in flight stop after their
 // current step (their progress is in the node records) and are handed to
-// other launchers, and the component record is removed.
+// other launchers, and the component record is removed. A ctx that ends
+// while the launcher is still starting is a shutdown too, not a failure:
+// Run then returns nil.
 func (l *Launcher) Run(ctx context.Context) error {
+	err := l.run(ctx)
+	if err != nil && ctx.Err() != nil {
+		l.log.Info("launcher stopped while starting", "error", err)
+		return nil
+	}
+	return err
+}
+
+func (l *Launcher) run(parent context.Context) error {
+	// ctx ends with parent, or when starting fails, so that what was
+	// started before the failure stops before run returns.
+	ctx, stop := context.WithCancel(parent)
+	defer stop()
 	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
 	var caches sync.WaitGroup
 	// The process's views of nodes, requests and components may be
@@ -256,6 +271,10 @@ func (l *Launcher) Run(ctx context.Context) error {
 	}
 
 	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
 	wg.Go(func() { l.keepHeartbeat(ctx) })
 	wg.Go(func() { l.watchFence(ctx) })
 	wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })

@@ -1,6 +1,7 @@
 package consumers_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -196,5 +197,17 @@ providers:
 	}
 	if got := h.instancesEverCreated("cloud1"); got != nodes {
 		t.Errorf("%d instances created for %d nodes asked for", got, nodes)
+	}
+}
+
+// TestStopWhileStarting stops launchers right after starting them, so
+// that the stop lands somewhere in their start: a shutdown asked for while
+// the launcher still opens its consumers is a clean stop (Run returns nil;
+// the harness fails the test otherwise).
+func TestStopWhileStarting(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, apiConfig)
+	for i := range 20 {
+		h.startLauncher(fmt.Sprintf("l%d", i)).Stop()
 	}
 }

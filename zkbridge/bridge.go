@@ -178,6 +178,9 @@ func (br *Bridge) Run(ctx context.Context) error {
 	}
 	for _, c := range []interface{ WaitSynced(context.Context) error }{br.nodes, br.requests, br.components} {
 		if err := c.WaitSynced(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while starting
+			}
 			return err
 		}
 	}
