@@ -84,7 +84,7 @@ func startRun(t *testing.T, env map[string]string, args ...string) *proc {
 func startDaemon(t *testing.T, env map[string]string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "NODEPOOL_LOG_LEVEL=debug")
+	cmd.Env = append(os.Environ(), "NODEPOOL_LOG_LEVEL=debug", "GOTRACEBACK=all")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -112,6 +112,15 @@ func startDaemon(t *testing.T, env map[string]string, args ...string) *proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
+		if t.Failed() && !isClosed(p.done) {
+			// A failed test may have a process stuck: SIGQUIT makes it
+			// print every goroutine's stack (GOTRACEBACK=all) first.
+			_ = cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.done:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		_ = cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {

@@ -64,6 +64,7 @@ type createMachine struct {
 	// notFound counts describes of a new instance that EC2 does not
 	// know yet (its API is eventually consistent).
 	notFound int
+	lost     lostPolls
 }
 
 // Create returns the machine that launches a node's instance; state is a
@@ -460,6 +461,10 @@ func fleetError(out *ec2.CreateFleetOutput) error {
 
 func (m *createMachine) wait(ctx context.Context) (drivers.Step, error) {
 	in, ok, err := m.p.watch.get(ctx, m.st.InstanceID)
+	if m.lost.again(err) {
+		m.p.log.Warn("the answer to a poll was lost; polling again", "instance", m.st.InstanceID, "err", err)
+		return drivers.Step{Wait: time.Second}, nil
+	}
 	if err != nil {
 		return drivers.Step{}, fmt.Errorf("describing instance %s: %w", m.st.InstanceID, err)
 	}

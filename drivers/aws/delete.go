@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -27,9 +28,10 @@ type deleteState struct {
 }
 
 type deleteMachine struct {
-	p  *Provider
-	id string
-	st deleteState
+	p    *Provider
+	id   string
+	st   deleteState
+	lost lostPolls
 }
 
 // Delete returns the machine that terminates an instance, waits for it to
@@ -87,6 +89,10 @@ func (m *deleteMachine) terminate(ctx context.Context) (drivers.Step, error) {
 // host, and asks again when it stopped instead.
 func (m *deleteMachine) waitGone(ctx context.Context) (drivers.Step, error) {
 	in, ok, err := m.p.watch.get(ctx, m.id)
+	if m.lost.again(err) {
+		m.p.log.Warn("the answer to a poll was lost; polling again", "instance", m.id, "err", err)
+		return drivers.Step{Wait: time.Second}, nil
+	}
 	if err != nil {
 		return drivers.Step{}, fmt.Errorf("describing %s: %w", m.id, err)
 	}

@@ -623,7 +623,8 @@ func TestBootsPolledTogether(t *testing.T) {
 }
 
 // dropAnswer is a proxy in front of the cloud that forwards a call and
-// then closes the connection without its answer, once per action named.
+// then closes the connection without its answer, once per action named
+// (an action named n times loses its first n answers).
 func dropAnswer(t *testing.T, cloudURL string, actions ...string) string {
 	target, err := url.Parse(cloudURL)
 	if err != nil {
@@ -631,9 +632,9 @@ func dropAnswer(t *testing.T, cloudURL string, actions ...string) string {
 	}
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	var mu sync.Mutex
-	pending := map[string]bool{}
+	pending := map[string]int{}
 	for _, a := range actions {
-		pending[a] = true
+		pending[a]++
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -641,8 +642,9 @@ func dropAnswer(t *testing.T, cloudURL string, actions ...string) string {
 		mu.Lock()
 		drop := ""
 		for a, p := range pending {
-			if p && strings.Contains(string(body), "Action="+a+"&") {
-				drop, pending[a] = a, false
+			if p > 0 && drop == "" && strings.Contains(string(body), "Action="+a+"&") {
+				drop = a
+				pending[a]--
 			}
 		}
 		mu.Unlock()
@@ -701,6 +703,63 @@ func TestLostAnswerIsUncertain(t *testing.T) {
 	again, _ := p.Create(request("node10", "main", "small", 1), nil)
 	if _, err := advance(t.Context(), again); err == nil || errors.Is(err, drivers.ErrUncertain) {
 		t.Fatalf("a throttled call: %v; want an error that is not uncertain", err)
+	}
+}
+
+// A poll whose answer is lost is a read that says nothing about the
+// instance: the machine polls again, up to maxLostPolls in a row, instead
+// of failing its launch or delete.
+func TestLostPollIsPolledAgain(t *testing.T) {
+	t.Parallel()
+	cloud, cloudURL := startCloud(t, fastKnobs())
+	provider := func(url string) *Provider {
+		opts := testOptions(url)
+		opts.RetryMaxAttempts = 1 // the driver sees the lost answer, not the SDK's retry
+		p, err := New(t.Context(), mustConfig(t, conf(0, "")), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	polls := func(n int) []string { return slices.Repeat([]string{"DescribeInstances"}, n) }
+	for _, c := range []struct {
+		name string
+		lost int
+		fail bool
+	}{
+		{"one lost", 1, false},
+		{"as many as may be lost", maxLostPolls, false},
+		{"one more than may be lost", maxLostPolls + 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := provider(dropAnswer(t, cloudURL, polls(c.lost)...))
+			before := cloud.Calls()["DescribeInstances"]
+			sm, err := p.Create(request(fmt.Sprint("lost", c.lost), "main", "small", 1), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			step, err := advance(t.Context(), sm)
+			if calls := cloud.Calls()["DescribeInstances"] - before; calls < c.lost {
+				t.Fatalf("%d DescribeInstances calls; at least the %d lost expected", calls, c.lost)
+			}
+			if c.fail {
+				if err == nil || !unanswered(err) {
+					t.Fatalf("a launch whose %d polls in a row were lost: %v; want the lost answer", c.lost, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("a launch whose %d polls in a row were lost: %v", c.lost, err)
+			}
+			d := provider(dropAnswer(t, cloudURL, polls(c.lost)...))
+			dm, err := d.Delete(step.Instance.ExternalID, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := advance(t.Context(), dm); err != nil {
+				t.Fatalf("a delete whose %d polls in a row were lost: %v", c.lost, err)
+			}
+		})
 	}
 }
 

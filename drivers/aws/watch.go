@@ -105,6 +105,29 @@ func (w *instanceWatch) run(b *describeBatch) {
 	close(b.done)
 }
 
+// maxLostPolls is how many polls in a row a machine waiting on its
+// instance lets go unanswered before it fails.
+const maxLostPolls = 5
+
+// lostPolls counts the polls in a row whose answer was lost on the way
+// (the connection closed under it, even after the SDK's retries: Go's
+// HTTP client does that now and then, aws/aws-sdk-go-v2#2737). A poll is
+// a read: losing its answer says nothing about the instance, so the
+// machine polls again, a few times, instead of failing its launch or
+// delete.
+type lostPolls int
+
+// again reports whether err is a lost answer the machine should poll
+// again after, and counts it; any other outcome starts the count again.
+func (l *lostPolls) again(err error) bool {
+	if err == nil || !unanswered(err) || *l >= maxLostPolls {
+		*l = 0
+		return false
+	}
+	*l++
+	return true
+}
+
 // describeInstances describes the instances with these ids, by a filter
 // (an unknown id is left out instead of failing the whole call), in
 // chunks of EC2's filter limit and page by page.
