@@ -89,6 +89,9 @@ type Bridge struct {
 	// sightings counts, by key, what the sweep found that may be left
 	// over by a process that died (acted on at the second sighting).
 	sightings map[string]int
+	// retries counts, by key, the reconciliations in a row that asked to
+	// be tried again (errRetry), so that one that keeps asking is logged.
+	retries sync.Map
 
 	running atomic.Bool
 	reload  chan struct{}
@@ -313,8 +316,12 @@ func (br *Bridge) process(ctx context.Context, key string) {
 	case "p":
 		err = br.resetPending(id)
 	}
+	if err == nil || !errors.Is(err, errRetry) {
+		br.retries.Delete(key)
+	}
 	if err != nil && ctx.Err() == nil {
 		if errors.Is(err, errRetry) {
+			br.retriedAgain(key, err)
 			br.queue.addAfter(key, retryDelay)
 			return
 		}
@@ -326,6 +333,19 @@ func (br *Bridge) process(ctx context.Context, key string) {
 // errRetry asks for a key to be looked at again shortly (a lock another
 // contender holds, a record another writer changed).
 var errRetry = errors.New("try again shortly")
+
+// retriesLogged is how many retries in a row of one key (about 10 s of
+// them) make a log line, and then every as many again: a record that
+// keeps waiting on something is worth an operator's look.
+const retriesLogged = 40
+
+// retriedAgain counts a retry of key and logs every retriesLogged-th.
+func (br *Bridge) retriedAgain(key string, err error) {
+	v, _ := br.retries.LoadOrStore(key, new(atomic.Int64))
+	if n := v.(*atomic.Int64).Add(1); n%retriesLogged == 0 {
+		br.log.Info("a record is still waiting to be reconciled; trying again", "key", key, "tries", n, "why", err)
+	}
+}
 
 // followNATS queues what changes of the NATS records concern: requests
 // made for ZooKeeper requests, and nodes handed to Zuul.

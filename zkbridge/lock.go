@@ -115,6 +115,18 @@ func (c *Conn) tryLock(dir, identifier string, makeParents bool) (*Lock, error) 
 		c.withdraw(dir, prefix)
 		return nil, fmt.Errorf("locking %s: %w", dir, err)
 	}
+	if c.Session() != session {
+		// go-zookeeper sends a request it could not send before a
+		// session expired in the next session (when the reconnection
+		// goes to another server of the ensemble without dropping what
+		// was queued): the contender may be the new session's, while
+		// the lock would say the old one's and be forgotten as gone,
+		// its contender left to block the lock for as long as the new
+		// session lives. It is withdrawn instead, and the caller tries
+		// again under the new session.
+		c.withdraw(dir, prefix)
+		return nil, fmt.Errorf("locking %s: the session changed meanwhile: %w", dir, zk.ErrSessionExpired)
+	}
 	node := strings.TrimPrefix(created, dir+"/")
 	children, _, err := c.Children(dir)
 	if err != nil {

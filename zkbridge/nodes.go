@@ -100,9 +100,9 @@ func (br *Bridge) handNodes(ctx context.Context, zkID, natsReq string, ids []str
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for j, err := range errs {
 		if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
-			return nil, errRetry
+			return nil, fmt.Errorf("%w: handing nodes: node %s changed meanwhile", errRetry, ids[create[j]])
 		}
 		if err != nil {
 			return nil, err
@@ -133,12 +133,12 @@ func (br *Bridge) restart(ctx context.Context, zkID, natsReq, node string) error
 	}
 	zr, ok := br.tree.request(zkID)
 	if !ok || zr.rec == nil {
-		return errRetry
+		return fmt.Errorf("%w: serving afresh: the request is not in the view", errRetry)
 	}
 	if err := br.record(ctx, zkID, zr); err != nil {
 		return err
 	}
-	return errRetry
+	return fmt.Errorf("%w: served afresh", errRetry)
 }
 
 // reconcileNode follows a NATS node handed to Zuul, and its znode.

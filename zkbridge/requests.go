@@ -242,7 +242,9 @@ func (br *Bridge) record(ctx context.Context, zkID string, zr zrequest) error {
 func (br *Bridge) claim(ctx context.Context, zkID string, nr kv.Entry[kv.Request]) error {
 	lock, err := br.conn.TryLock(RequestLocksPath+"/"+zkID, br.identifier)
 	if errors.Is(err, ErrLocked) {
-		return errRetry // Zuul revising its priority, or another launcher or bridge process
+		// Zuul revising its priority, or another launcher or bridge
+		// process.
+		return fmt.Errorf("%w: claiming the request: %w", errRetry, err)
 	}
 	if err != nil {
 		return err
@@ -315,7 +317,7 @@ func (br *Bridge) readRequest(zkID string) (*Request, *zk.Stat, error) {
 // then the request, fulfilled, with them in label order; then unlocks.
 func (br *Bridge) fulfil(ctx context.Context, zkID string, nr kv.Entry[kv.Request]) error {
 	if br.heldLock(zkID) == nil {
-		return errRetry
+		return fmt.Errorf("%w: fulfilling: the request lock is not held (now)", errRetry)
 	}
 	natsNodes := nr.Value.Nodes
 	if len(natsNodes) != len(nr.Value.Labels) {
@@ -327,7 +329,8 @@ func (br *Bridge) fulfil(ctx context.Context, zkID string, nr kv.Entry[kv.Reques
 	}
 	lock := br.heldLock(zkID)
 	if lock == nil {
-		return errRetry // the session went meanwhile: another process may hold it
+		// The session went meanwhile: another process may hold it.
+		return fmt.Errorf("%w: fulfilling: the request lock was lost", errRetry)
 	}
 	r, stat, err := br.readRequest(zkID)
 	if err != nil {
