@@ -303,10 +303,10 @@ func (l *Launcher) run(parent context.Context) error {
 	l.syncRunners()
 	l.reloadMu.Unlock()
 	mr := newMinReady(l)
-	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
+	mrLease := kv.NewLease(l.b.Locks, "min-ready", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock), kv.WithWatch(l.opts.Views.Leases()))
 	wg.Go(func() { mrLease.Elect(ctx, safeLoop(l, "min-ready", mr.run)) })
 	cl := newCleanup(l)
-	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
+	clLease := kv.NewLease(l.b.Locks, "cleanup", l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock), kv.WithWatch(l.opts.Views.Leases()))
 	wg.Go(func() { clLease.Elect(ctx, safeLoop(l, "cleanup", l.exportingSystem(cl.run))) })
 
 	l.log.Info("launcher running", "providers", len(l.config().Providers))

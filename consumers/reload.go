@@ -140,7 +140,7 @@ func (l *Launcher) syncRunners() (started, stopped []string) {
 			want["pool "+ref] = poolKey(snap, prov, pool)
 			starts["pool "+ref] = func(ctx context.Context) {
 				s := newScheduler(l, snap, prov, pool)
-				lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
+				lease := kv.NewLease(l.b.Locks, "pool."+token.Encode(prov.Name)+"."+token.Encode(pool.Name), l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock), kv.WithWatch(l.opts.Views.Leases()))
 				lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run))
 			}
 		}
@@ -151,7 +151,7 @@ func (l *Launcher) syncRunners() (started, stopped []string) {
 			continue
 		}
 		want["manager "+name] = fmt.Sprintf("%p", drv)
-		lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock))
+		lease := kv.NewLease(l.b.Locks, "provider."+token.Encode(name), l.opts.ID, l.opts.LeaseTTL, l.log, kv.WithClock(l.clock), kv.WithWatch(l.opts.Views.Leases()))
 		starts["manager "+name] = func(ctx context.Context) {
 			lease.Elect(ctx, safeLoop(l, "manager of "+name, func(ctx context.Context) {
 				done, ok := drivers.Use(drv)

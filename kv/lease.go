@@ -33,6 +33,9 @@ type Lease struct {
 	ttl    time.Duration
 	clock  Clock
 	log    *slog.Logger
+	// watch, if set, is the process's one watch of the locks bucket; a
+	// lease without it watches its own key.
+	watch *LeaseWatch
 
 	mu    sync.Mutex
 	rev   uint64
@@ -49,6 +52,10 @@ type LeaseOption func(*Lease)
 
 // WithClock makes a lease go by c instead of the real time.
 func WithClock(c Clock) LeaseOption { return func(l *Lease) { l.clock = c } }
+
+// WithWatch makes a lease learn of its key's deletion from the process's
+// one watch of the locks bucket (nil: the lease watches its key itself).
+func WithWatch(w *LeaseWatch) LeaseOption { return func(l *Lease) { l.watch = w } }
 
 // NewLease prepares a lease on key for holder; ttl must be the bucket's TTL.
 func NewLease(store *Store[LeaseRecord], key, holder string, ttl time.Duration, log *slog.Logger, opts ...LeaseOption) *Lease {
@@ -307,6 +314,11 @@ func (l *Lease) release(ctx context.Context) {
 // watchKey signals when the lease key is deleted or expires, so a waiting
 // process can try at once instead of at its next poll.
 func (l *Lease) watchKey(ctx context.Context) <-chan struct{} {
+	if l.watch != nil {
+		ch, stop := l.watch.Subscribe(l.key)
+		context.AfterFunc(ctx, stop)
+		return ch
+	}
 	ch := make(chan struct{}, 1)
 	w, err := l.store.WatchKeys(ctx, l.key, jetstream.UpdatesOnly())
 	if err != nil {

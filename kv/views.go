@@ -7,7 +7,8 @@ import (
 
 // Views are a process's caches of the buckets its roles and drivers read:
 // one cache, fed by one watch, per bucket, whoever reads it (the launcher,
-// the zookeeper role, the static and metastatic drivers, the web API).
+// the zookeeper role, the static and metastatic drivers, the web API);
+// and one watch of the locks bucket for all its leases (Leases).
 // A cache is made when first asked for; each reader starts it
 // (Cache.Start) and stops it when done, and its watch runs while any
 // reader has it started. A nil *Views makes a new cache at every call,
@@ -20,6 +21,7 @@ type Views struct {
 	nodes      *Cache[Node]
 	requests   *Cache[Request]
 	components *Cache[Component]
+	leases     *LeaseWatch
 }
 
 // NewViews prepares the caches of a process over its buckets.
@@ -62,4 +64,18 @@ func (v *Views) Components(b *Buckets, log *slog.Logger) *Cache[Component] {
 		return view(v, &v.components, v.b.Components)
 	}
 	return NewCache(b.Components, log)
+}
+
+// Leases is the process's one watch of the locks bucket, for its leases
+// (nil if v is nil: each lease then watches its own key).
+func (v *Views) Leases() *LeaseWatch {
+	if v == nil {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.leases == nil {
+		v.leases = NewLeaseWatch(v.b.Locks, v.log)
+	}
+	return v.leases
 }

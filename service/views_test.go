@@ -66,6 +66,16 @@ providers:
 			return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
 		}))
 	}
+	// The leases (cleanup, min-ready, a pool lease per pool, a provider
+	// lease per driver manager: seven here) share one watch of the locks
+	// bucket, and no lease watches its own key.
+	var got []string
+	waitfor.Until(t, time.Until(deadline), "one watch of the locks bucket", func() bool {
+		got = consumers(t, js, kv.BucketLocks)
+		return len(got) == 1
+	}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string {
+		return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
+	}))
 }
 
 // watches lists the consumers of a bucket's stream that are watches of
@@ -82,6 +92,27 @@ func watches(t *testing.T, js jetstream.JetStream, bucket string) []string {
 		c := ci.Config
 		if c.Durable == "" && !c.HeadersOnly && (c.FilterSubject == "$KV."+bucket+".>" || (len(c.FilterSubjects) == 1 && c.FilterSubjects[0] == "$KV."+bucket+".>")) {
 			out = append(out, fmt.Sprintf("%s (created %s, deliver %s)", ci.Name, ci.Created.Format(time.RFC3339Nano), c.DeliverPolicy))
+		}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// consumers lists every consumer of a bucket's stream that is not durable
+// (watches of the bucket or of keys), with its filter.
+func consumers(t *testing.T, js jetstream.JetStream, bucket string) []string {
+	t.Helper()
+	s, err := js.Stream(t.Context(), "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	l := s.ListConsumers(t.Context())
+	for ci := range l.Info() {
+		if ci.Config.Durable == "" {
+			out = append(out, fmt.Sprintf("%s (filter %s %v)", ci.Name, ci.Config.FilterSubject, ci.Config.FilterSubjects))
 		}
 	}
 	if err := l.Err(); err != nil {
