@@ -105,6 +105,9 @@ type Options struct {
 	// listings), shared with the launcher of the same process (nil: one
 	// of the builder's own).
 	Pacer *drivers.Pacer
+	// Leases is the process's one watch of the locks bucket, shared with
+	// the launcher's leases (nil: the scheduler's lease watches its key).
+	Leases *kv.LeaseWatch
 }
 
 // Builder is one process's share of the builder's worker groups.
@@ -351,7 +354,7 @@ func (b *Builder) run(ctx context.Context) error {
 		return err
 	}
 	sched := newScheduler(b)
-	lease := kv.NewLease(b.b.Locks, SchedulerLease, b.runID, b.opts.LeaseTTL, b.log)
+	lease := kv.NewLease(b.b.Locks, SchedulerLease, b.runID, b.opts.LeaseTTL, b.log, kv.WithWatch(b.opts.Leases))
 	wg.Go(func() { lease.Elect(ctx, sched.run) })
 
 	b.log.Info("builder running", "build_workers", b.opts.BuildWorkers, "upload_workers", b.opts.UploadWorkers,

@@ -179,7 +179,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}
 	if s.HasRole(config.RoleBuilder) {
-		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, pacer, p.metrics, log); err != nil {
+		if p.builder, err = NewBuilder(p.js, p.buckets, s, cfg, p.providers, pacer, p.metrics, p.views, log); err != nil {
 			return nil, err
 		}
 	}
@@ -313,7 +313,7 @@ func newProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 // configuration's images-dir (default <data dir>/images), build logs under
 // build-log-dir (default <data dir>/build-logs).
 func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *config.Config, providers map[string]drivers.Provider,
-	pacer *drivers.Pacer, reg *metrics.Registry, log *slog.Logger) (*builder.Builder, error) {
+	pacer *drivers.Pacer, reg *metrics.Registry, views *kv.Views, log *slog.Logger) (*builder.Builder, error) {
 	imagesDir, logDir := cfg.ImagesDir, cfg.BuildLogDir
 	if imagesDir == "" {
 		imagesDir = filepath.Join(s.DataDir, "images")
@@ -325,6 +325,7 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
 		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Pacer: pacer, Version: Version, Log: log, Metrics: reg,
+		Leases: views.Leases(),
 	})
 }
 

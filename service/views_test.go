@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nodepool-nats/nodepool/builder"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -17,9 +18,10 @@ import (
 
 // TestOneWatchPerBucket: a process whose launcher runs a static and a
 // metastatic provider, both of which read node records (and the
-// metastatic one requests), watches each bucket once: its roles and
-// drivers share one cache per bucket. A watch is an ordered consumer on
-// the bucket's stream, so the stream's consumers are counted.
+// metastatic one requests), beside a builder, watches each bucket once:
+// its roles and drivers share one cache per bucket, and its leases one
+// watch of the locks bucket. A watch is an ordered consumer on the
+// bucket's stream, so the stream's consumers are counted.
 func TestOneWatchPerBucket(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
@@ -45,7 +47,7 @@ providers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	settings := config.Settings{NatsURL: srv.ClientURL(), ID: "l1", Roles: []string{config.RoleLauncher},
+	settings := config.Settings{NatsURL: srv.ClientURL(), ID: "l1", Roles: []string{config.RoleLauncher, config.RoleBuilder},
 		Replicas: 1, LeaseTTL: 6 * time.Second, SyncInterval: 500 * time.Millisecond, DataDir: t.TempDir()}
 	log, _ := logtest.New(t)
 	p := runProcess(t, settings, cfg, log)
@@ -55,6 +57,16 @@ providers:
 	// watched once.
 	deadline := time.Now().Add(20 * time.Second)
 	waitfor.Until(t, time.Until(deadline), "the launcher running", func() bool { return p.Launcher() != nil && p.Launcher().Running() })
+	// The builder's image scheduler holds its lease: its election (and
+	// so its wait for the key) has begun.
+	locks, err := js.KeyValue(t.Context(), kv.BucketLocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Until(t, time.Until(deadline), "the builder's scheduler elected", func() bool {
+		_, err := locks.Get(t.Context(), builder.SchedulerLease)
+		return p.Builder() != nil && p.Builder().Running() && err == nil
+	})
 	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
 		// A watch restarted a moment ago may leave its old consumer for
 		// a while: the count must come down to one.
@@ -67,8 +79,8 @@ providers:
 		}))
 	}
 	// The leases (cleanup, min-ready, a pool lease per pool, a provider
-	// lease per driver manager: seven here) share one watch of the locks
-	// bucket, and no lease watches its own key.
+	// lease per driver manager, the builder's scheduler: eight here) share
+	// one watch of the locks bucket, and no lease watches its own key.
 	var got []string
 	waitfor.Until(t, time.Until(deadline), "one watch of the locks bucket", func() bool {
 		got = consumers(t, js, kv.BucketLocks)
