@@ -186,7 +186,7 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	providers, err := service.NewProviders(ctx, js, cfg, 1, testLog(h.t))
+	providers, err := service.NewProviders(ctx, js, cfg, 1, h.launcherLog())
 	if err != nil {
 		h.t.Fatal(err)
 	}

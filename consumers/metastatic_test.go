@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -348,6 +349,15 @@ func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 	t.Run("max-age", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 600\n            max-age: 1\n"))
+		// A third backing node showed up once under load (a duplicate
+		// backing request?): a failure prints the launcher's log.
+		var rec *logtest.Recorder
+		h.log, rec = logtest.New(t)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("launcher log:\n%s", rec)
+			}
+		})
 		h.startLauncher("l1")
 		first := h.requestSmall(1)
 		var backingA string
