@@ -44,7 +44,9 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	defer p.requests.Unsubscribe(reqSub)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	m := &manager{p: p, filed: map[string]filed{}, orphans: map[string]int{}, broken: map[string]uint64{}}
+	// One term of the manager at a time in a process (its lease): the
+	// terms share what they filed.
+	m := &manager{p: p, filed: p.filed, orphans: map[string]int{}, broken: map[string]uint64{}}
 	for {
 		nodeSub.Drain()
 		reqSub.Drain()
@@ -89,9 +91,10 @@ func (m *manager) safePass(ctx context.Context) (ok bool) {
 // manager is one term of Manage.
 type manager struct {
 	p *Provider
-	// filed are backing requests published in this term whose records
+	// filed are backing requests published by this process whose records
 	// have not shown up yet: they count as open, so that a burst of
-	// changes does not publish the same request twice.
+	// changes, or a new term of the manager, does not publish the same
+	// request twice (the provider's map, shared by its terms).
 	filed map[string]filed
 	// orphans counts the passes that saw a ready carved node whose backing
 	// node is gone (deleted by an operator, say).

@@ -59,7 +59,7 @@ func newTestEnv(t *testing.T, yaml string) *testEnv {
 }
 
 func (e *testEnv) manager() *manager {
-	return &manager{p: e.p, filed: map[string]filed{}, orphans: map[string]int{}, broken: map[string]uint64{}}
+	return &manager{p: e.p, filed: e.p.filed, orphans: map[string]int{}, broken: map[string]uint64{}}
 }
 
 // node writes a node record through the provider's cache.
@@ -134,6 +134,26 @@ func TestPassCountsTheSlotsOfTheNodeItTakes(t *testing.T) {
 		if st, _ := decodeCarved(sm.State()); st.BackingNode != "bk" || st.Slot != i {
 			t.Errorf("%s: %+v; want slot %d of bk", id, st, i)
 		}
+	}
+}
+
+// A new term of the manager in the same process (its lease lost and
+// taken again, as a busy process renewing late does) knows the backing
+// requests the last term published whose records have not shown up yet,
+// and does not publish them again: a third backing node showed up so in
+// consumers' TestMetastaticMaxAgeAndMinRetention under load.
+func TestNewTermDoesNotFileAgain(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t, testConfig)
+	e.node(e.carved("a", "small"))
+	e.manager().pass(t.Context())
+	if n := e.published(); n != 1 {
+		t.Fatalf("%d backing requests published for one waiting node; want 1", n)
+	}
+	// No intake runs here: the request's record never shows up.
+	e.manager().pass(t.Context())
+	if n := e.published(); n != 1 {
+		t.Fatalf("%d backing requests published after a new term; want still 1", n)
 	}
 }
 

@@ -48,6 +48,11 @@ type Provider struct {
 	nodes    *kv.Cache[kv.Node]
 	requests *kv.Cache[kv.Request]
 	log      *slog.Logger
+	// filed are the backing requests this process published whose
+	// records have not shown up yet (manager.filed). They outlive a term
+	// of the manager: a lease lost and taken again (a busy process
+	// renewing late) must not publish the same requests again.
+	filed map[string]filed
 
 	stopNodes, stopRequests func()
 }
@@ -73,6 +78,7 @@ func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provi
 	p := &Provider{
 		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log,
 		nodes: views.Nodes(b, log), requests: views.Requests(b, log),
+		filed: map[string]filed{},
 	}
 	p.stopNodes, p.stopRequests = p.nodes.Start(), p.requests.Start()
 	return p, nil
