@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/nodepool-nats/nodepool/internal/clock"
 )
 
@@ -34,7 +32,7 @@ type Lease struct {
 	clock  Clock
 	log    *slog.Logger
 	// watch, if set, is the process's one watch of the locks bucket; a
-	// lease without it watches its own key.
+	// lease without it watches its own key (watchKey).
 	watch *LeaseWatch
 
 	mu    sync.Mutex
@@ -312,38 +310,15 @@ func (l *Lease) release(ctx context.Context) {
 }
 
 // watchKey signals when the lease key is deleted or expires, so a waiting
-// process can try at once instead of at its next poll.
+// process can try at once instead of at its next poll: from the process's
+// watch of the locks bucket, or a watch of the lease's own key.
 func (l *Lease) watchKey(ctx context.Context) <-chan struct{} {
-	if l.watch != nil {
-		ch, stop := l.watch.Subscribe(l.key)
-		context.AfterFunc(ctx, stop)
-		return ch
+	w := l.watch
+	if w == nil {
+		w = newLeaseWatch(l.store, l.key, l.log)
 	}
-	ch := make(chan struct{}, 1)
-	w, err := l.store.WatchKeys(ctx, l.key, jetstream.UpdatesOnly())
-	if err != nil {
-		l.log.Debug("cannot watch lease key; polling only", "err", err)
-		return ch
-	}
-	go func() {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e != nil && e.Operation() != jetstream.KeyValuePut {
-					select {
-					case ch <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}
-	}()
+	ch, stop := w.Subscribe(l.key)
+	context.AfterFunc(ctx, stop)
 	return ch
 }
 

@@ -21,6 +21,7 @@ import (
 // nothing is lost meanwhile.
 type LeaseWatch struct {
 	store *Store[LeaseRecord]
+	keys  string // the keys watched: all of them (">"), or one lease's
 	log   *slog.Logger
 
 	mu     sync.Mutex
@@ -32,7 +33,12 @@ type LeaseWatch struct {
 
 // NewLeaseWatch prepares the watch of a locks bucket.
 func NewLeaseWatch(store *Store[LeaseRecord], log *slog.Logger) *LeaseWatch {
-	return &LeaseWatch{store: store, log: log.With("bucket", store.kv.Bucket()), subs: map[string]map[chan struct{}]struct{}{}}
+	return newLeaseWatch(store, ">", log.With("bucket", store.kv.Bucket()))
+}
+
+// newLeaseWatch watches only the keys keys matches (a lease of its own).
+func newLeaseWatch(store *Store[LeaseRecord], keys string, log *slog.Logger) *LeaseWatch {
+	return &LeaseWatch{store: store, keys: keys, log: log, subs: map[string]map[chan struct{}]struct{}{}}
 }
 
 // leaseWatchRetry is how long a failed watch waits before it starts again.
@@ -85,7 +91,7 @@ func (w *LeaseWatch) unsubscribe(key string, ch chan struct{}) {
 func (w *LeaseWatch) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	for ctx.Err() == nil {
-		kw, err := w.store.WatchKeys(ctx, ">", jetstream.UpdatesOnly())
+		kw, err := w.store.WatchKeys(ctx, w.keys, jetstream.UpdatesOnly())
 		if err == nil {
 			w.follow(ctx, kw)
 			_ = kw.Stop()

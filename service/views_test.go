@@ -67,32 +67,35 @@ providers:
 		_, err := locks.Get(t.Context(), builder.SchedulerLease)
 		return p.Builder() != nil && p.Builder().Running() && err == nil
 	})
-	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
-		// A watch restarted a moment ago may leave its old consumer for
-		// a while: the count must come down to one.
+	// one waits until exactly one consumer of bucket is left that keep
+	// keeps (a watch restarted a moment ago may leave its old consumer for
+	// a while: the count must come down to one).
+	one := func(what, bucket string, keep func(jetstream.ConsumerConfig) bool) {
+		t.Helper()
 		var got []string
-		waitfor.Until(t, time.Until(deadline), fmt.Sprintf("one watch of bucket %s", bucket), func() bool {
-			got = watches(t, js, bucket)
+		waitfor.Until(t, time.Until(deadline), what, func() bool {
+			got = bucketConsumers(t, js, bucket, keep)
 			return len(got) == 1
 		}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string {
 			return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
 		}))
 	}
+	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
+		// Watches of the whole bucket: all keys, values and not only
+		// headers.
+		one(fmt.Sprintf("one watch of bucket %s", bucket), bucket, func(c jetstream.ConsumerConfig) bool {
+			return !c.HeadersOnly && (c.FilterSubject == "$KV."+bucket+".>" || (len(c.FilterSubjects) == 1 && c.FilterSubjects[0] == "$KV."+bucket+".>"))
+		})
+	}
 	// The leases (cleanup, min-ready, a pool lease per pool, a provider
 	// lease per driver manager, the builder's scheduler: eight here) share
 	// one watch of the locks bucket, and no lease watches its own key.
-	var got []string
-	waitfor.Until(t, time.Until(deadline), "one watch of the locks bucket", func() bool {
-		got = consumers(t, js, kv.BucketLocks)
-		return len(got) == 1
-	}, waitfor.Every(50*time.Millisecond), waitfor.Detail(func() string {
-		return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
-	}))
+	one("one watch of the locks bucket", kv.BucketLocks, func(jetstream.ConsumerConfig) bool { return true })
 }
 
-// watches lists the consumers of a bucket's stream that are watches of
-// the whole bucket (not durable, all keys, values and not only headers).
-func watches(t *testing.T, js jetstream.JetStream, bucket string) []string {
+// bucketConsumers lists the consumers of a bucket's stream that are not
+// durable (watches of the bucket or of keys) and that keep keeps.
+func bucketConsumers(t *testing.T, js jetstream.JetStream, bucket string, keep func(jetstream.ConsumerConfig) bool) []string {
 	t.Helper()
 	s, err := js.Stream(t.Context(), "KV_"+bucket)
 	if err != nil {
@@ -101,30 +104,8 @@ func watches(t *testing.T, js jetstream.JetStream, bucket string) []string {
 	var out []string
 	l := s.ListConsumers(t.Context())
 	for ci := range l.Info() {
-		c := ci.Config
-		if c.Durable == "" && !c.HeadersOnly && (c.FilterSubject == "$KV."+bucket+".>" || (len(c.FilterSubjects) == 1 && c.FilterSubjects[0] == "$KV."+bucket+".>")) {
-			out = append(out, fmt.Sprintf("%s (created %s, deliver %s)", ci.Name, ci.Created.Format(time.RFC3339Nano), c.DeliverPolicy))
-		}
-	}
-	if err := l.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// consumers lists every consumer of a bucket's stream that is not durable
-// (watches of the bucket or of keys), with its filter.
-func consumers(t *testing.T, js jetstream.JetStream, bucket string) []string {
-	t.Helper()
-	s, err := js.Stream(t.Context(), "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	l := s.ListConsumers(t.Context())
-	for ci := range l.Info() {
-		if ci.Config.Durable == "" {
-			out = append(out, fmt.Sprintf("%s (filter %s %v)", ci.Name, ci.Config.FilterSubject, ci.Config.FilterSubjects))
+		if c := ci.Config; c.Durable == "" && keep(c) {
+			out = append(out, fmt.Sprintf("%s (created %s, deliver %s, filter %s %v)", ci.Name, ci.Created.Format(time.RFC3339Nano), c.DeliverPolicy, c.FilterSubject, c.FilterSubjects))
 		}
 	}
 	if err := l.Err(); err != nil {

@@ -7,22 +7,12 @@ import (
 	"context"
 	"math/rand/v2"
 	"time"
+
+	"github.com/nodepool-nats/nodepool/internal/clock"
 )
 
 // Sleep waits d or until ctx ends; it reports whether to go on.
-func Sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func Sleep(ctx context.Context, d time.Duration) bool { return clock.Sleep(ctx, clock.Real(), d) }
 
 // Backoff is the wait before retry number n (from 0) of a failing call:
 // 100 ms doubling, at most 30 s.
