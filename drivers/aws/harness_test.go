@@ -39,10 +39,8 @@ func startCloud(t *testing.T, k devaws.Knobs) (*devaws.Cloud, string) {
 }
 
 // testOptions reach the dev cloud with static credentials and one SDK
-// retry of a call that failed in transit (as in production, where the
-// default is 3: Go's HTTP client now and then closes a connection under a
-// response being read, aws/aws-sdk-go-v2#2737). Throttling and capacity
-// errors are never retried by the SDK.
+// retry of a call that failed in transit (production's default is 3).
+// Throttling and capacity errors are never retried by the SDK.
 func testOptions(endpoint string) Options {
 	return Options{Endpoint: endpoint, Credentials: credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
 		RetryMaxAttempts: 2, ScanTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,

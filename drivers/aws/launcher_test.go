@@ -20,6 +20,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	awsdriver "github.com/nodepool-nats/nodepool/drivers/aws"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/awsbody"
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
@@ -84,7 +85,7 @@ func startSystem(t *testing.T, k devaws.Knobs, yaml string) *system {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	s := &system{t: t, cloud: cloud, client: c, nodes: kv.NewCache(b.Nodes, log), reqs: kv.NewCache(b.Requests, log),
-		ec2: ec2.NewFromConfig(sdkaws.Config{Region: "us-east-1", Credentials: creds, BaseEndpoint: sdkaws.String(srv.URL())})}
+		ec2: ec2.NewFromConfig(sdkaws.Config{Region: "us-east-1", Credentials: creds, BaseEndpoint: sdkaws.String(srv.URL()), HTTPClient: awsbody.Client(nil)})}
 	for _, start := range []func() func(){s.nodes.Start, s.reqs.Start} {
 		t.Cleanup(start())
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/awsbody"
 )
 
 // Options are what a process (or a test) sets beyond the configuration.
@@ -158,6 +159,7 @@ func New(ctx context.Context, pc *config.Provider, opts Options) (*Provider, err
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: loading the AWS SDK configuration: %w", pc.Name, err)
 	}
+	cfg.HTTPClient = awsbody.Client(cfg.HTTPClient)
 	paced := func(o *ec2.Options) { o.APIOptions = append(o.APIOptions, p.pace.addTo) }
 	p.ec2 = ec2.NewFromConfig(cfg, paced)
 	p.sq = servicequotas.NewFromConfig(cfg, func(o *servicequotas.Options) { o.APIOptions = append(o.APIOptions, p.pace.addTo) })

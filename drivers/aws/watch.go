@@ -110,11 +110,11 @@ func (w *instanceWatch) run(b *describeBatch) {
 const maxLostPolls = 5
 
 // lostPolls counts the polls in a row whose answer was lost on the way
-// (the connection closed under it, even after the SDK's retries: Go's
-// HTTP client does that now and then, aws/aws-sdk-go-v2#2737). A poll is
-// a read: losing its answer says nothing about the instance, so the
-// machine polls again, a few times, instead of failing its launch or
-// delete.
+// (the connection closed under it, even after the SDK's retries; the
+// SDK's own cause of that is worked around in internal/awsbody, a network
+// has others). A poll is a read: losing its answer says nothing about the
+// instance, so the machine polls again, a few times, instead of failing
+// its launch or delete.
 type lostPolls int
 
 // again reports whether err is a lost answer the machine should poll

@@ -9,6 +9,7 @@ import (
 	sdkaws "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/nodepool-nats/nodepool/internal/awsbody"
 )
 
 // The dev cloud's own API lists the instances not terminated with their
@@ -23,7 +24,7 @@ func TestAdminInstancesAndCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	cl := ec2.NewFromConfig(sdkaws.Config{Region: "us-east-1", BaseEndpoint: sdkaws.String(srv.URL()), RetryMaxAttempts: 1,
+	cl := ec2.NewFromConfig(sdkaws.Config{Region: "us-east-1", BaseEndpoint: sdkaws.String(srv.URL()), RetryMaxAttempts: 1, HTTPClient: awsbody.Client(nil),
 		Credentials: sdkaws.AnonymousCredentials{}})
 	get := func(path string, v any) {
 		t.Helper()

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
-	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +19,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/servicequotas"
 	"github.com/aws/smithy-go"
+
+	"github.com/nodepool-nats/nodepool/internal/awsbody"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 )
 
 type clients struct {
@@ -42,6 +44,7 @@ func start(t *testing.T, k Knobs) (*Cloud, clients) {
 		Credentials:      credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
 		BaseEndpoint:     sdkaws.String(srv.URL()),
 		RetryMaxAttempts: 1,
+		HTTPClient:       awsbody.Client(nil),
 	}
 	return c, clients{
 		ec2: ec2.NewFromConfig(cfg),
