@@ -2,6 +2,7 @@ package consumers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -501,6 +503,7 @@ type putCounter struct {
 	mu      sync.Mutex
 	puts    map[string]int
 	deleted map[string]bool
+	seen    map[string][]string // what the watch saw of each key, for a failure's message
 }
 
 func (h *harness) countPuts() *putCounter {
@@ -510,7 +513,7 @@ func (h *harness) countPuts() *putCounter {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { _ = w.Stop() })
-	pc := &putCounter{puts: map[string]int{}, deleted: map[string]bool{}}
+	pc := &putCounter{puts: map[string]int{}, deleted: map[string]bool{}, seen: map[string][]string{}}
 	signal := make(chan struct{}, 1)
 	go func() {
 		for e := range w.Updates() {
@@ -520,8 +523,12 @@ func (h *harness) countPuts() *putCounter {
 			pc.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				pc.puts[e.Key()]++
+				var n kv.Node
+				_ = json.Unmarshal(e.Value(), &n)
+				pc.seen[e.Key()] = append(pc.seen[e.Key()], fmt.Sprintf("put rev %d %s", e.Revision(), n.State))
 			} else {
 				pc.deleted[e.Key()] = true
+				pc.seen[e.Key()] = append(pc.seen[e.Key()], fmt.Sprintf("%s rev %d", e.Operation(), e.Revision()))
 			}
 			pc.mu.Unlock()
 			select {
@@ -534,6 +541,13 @@ func (h *harness) countPuts() *putCounter {
 		return signal, func() {}, func() {}
 	})
 	return pc
+}
+
+// history says what the watch saw of a key.
+func (pc *putCounter) history(key string) string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return strings.Join(pc.seen[key], ", ")
 }
 
 func (pc *putCounter) get(key string) (puts int, deleted bool) {
@@ -551,6 +565,15 @@ func (pc *putCounter) get(key string) (puts int, deleted bool) {
 func TestRemovedProviderNobodyRemembered(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, fmt.Sprintf(drainProviders, "drain-ghost", ""))
+	// The ready node was once seen written once, not twice, under load:
+	// a failure prints what the watch saw and the launcher's log.
+	var rec *logtest.Recorder
+	h.log, rec = logtest.New(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("launcher log:\n%s", rec)
+		}
+	})
 	recs, _ := h.watchDrain()
 	puts := h.countPuts()
 	now := time.Now().UTC()
@@ -582,7 +605,7 @@ func TestRemovedProviderNobodyRemembered(t *testing.T) {
 		t.Helper()
 		for id, n := range want {
 			if got, _ := puts.get(id); got != n {
-				t.Errorf("node %s was written %d times, want %d", id, got, n)
+				t.Errorf("node %s was written %d times, want %d (seen: %s)", id, got, n, puts.history(id))
 			}
 		}
 	}
