@@ -13,6 +13,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -80,6 +83,14 @@ func Scenarios() []Scenario {
 				return cloudConfig("  - name: bench\n", 5000, "api-delay: 0.05\n    max-concurrency: 8")
 			},
 			Run: runScaleout,
+		},
+		{
+			Name: "queued", DefaultN: 10000,
+			Description: "max-concurrency 8 and a 0.1 s boot: N requests at once, most of them queued behind the launch slots; deliveries of node changes per request, and the redeliveries among them",
+			Config: func(n int) string {
+				return cloudConfig("  - name: bench\n", max(5000, n), "max-concurrency: 8")
+			},
+			Run: runQueued,
 		},
 		{
 			Name: "cloud", DefaultN: 500,
@@ -557,6 +568,65 @@ func runScaleout(ctx context.Context, o Options, n int) ([]Result, error) {
 		out[1].Extra = map[string]float64{"speedup_vs_1": out[1].Throughput / out[0].Throughput}
 	}
 	return out, nil
+}
+
+// lifecycleCounts reads what the node-lifecycle consumer has delivered
+// (nothing if a launcher has not made it yet) and how many node record
+// writes there have been.
+func lifecycleCounts(ctx context.Context, s *System) (delivered, writes uint64, err error) {
+	stream := "KV_" + kv.BucketNodes
+	st, err := s.JS.Stream(ctx, stream)
+	if err != nil {
+		return 0, 0, err
+	}
+	si, err := st.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	c, err := s.JS.Consumer(ctx, stream, consumers.LifecycleConsumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, si.State.LastSeq, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("the %s consumer: %w", consumers.LifecycleConsumer, err)
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return ci.Delivered.Consumer, si.State.LastSeq, nil
+}
+
+// runQueued measures what a queue of launches behind max-concurrency
+// costs in deliveries: each node record write is delivered once, and a
+// launch without a free slot is delivered again and again.
+func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
+	sc, _ := Lookup("queued")
+	var res Result
+	err := withSystem(ctx, o, sc.Config(n), 1, func(s *System) error {
+		d0, w0, err := lifecycleCounts(ctx, s)
+		if err != nil {
+			return err
+		}
+		res, err = batch(ctx, s, "queued", n, 30*time.Minute)
+		res.Scenario, res.Launchers = "queued", 1
+		if err != nil {
+			return err
+		}
+		d1, w1, err := lifecycleCounts(ctx, s)
+		if err != nil {
+			return err
+		}
+		delivered, writes := float64(d1-d0), float64(w1-w0)
+		res.Extra = map[string]float64{
+			"deliveries_per_request":   delivered / float64(n),
+			"writes_per_request":       writes / float64(n),
+			"redeliveries_per_request": max(0, delivered-writes) / float64(n),
+			"redeliveries_per_minute":  max(0, delivered-writes) / res.Makespan.Minutes(),
+		}
+		return nil
+	})
+	return []Result{res}, err
 }
 
 // Median summarises several runs of one measurement: median, min, max.

@@ -23,6 +23,7 @@ func TestBenchScenarios(t *testing.T) {
 		{"churn", "30", 1, nil},
 		{"scale", "300", 1, nil},
 		{"scaleout", "20", 2, nil},
+		{"queued", "40", 1, nil},
 		{"cloud", "10", 2, []string{"--cloud", "aws", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
 		{"cloud", "10", 2, []string{"--cloud", "openstack", "--cloud-rate", "0", "--cloud-boot", "200ms", "--cloud-latency", "5ms"}},
 	}
@@ -55,6 +56,9 @@ func TestBenchScenarios(t *testing.T) {
 				if r.KVUpdateRate <= 0 || r.Ratio <= 0 || r.LauncherCPU <= 0 || r.LauncherPeakRSS <= 0 {
 					t.Errorf("missing KV rate, ratio or launcher usage: %+v", r)
 				}
+				if r.Scenario == "queued" && (r.Extra["deliveries_per_request"] < r.Extra["writes_per_request"] || r.Extra["writes_per_request"] < 5) {
+					t.Errorf("queued extras: %+v", r.Extra)
+				}
 				if strings.HasPrefix(r.Scenario, "scale,") && (r.Extra["list_seconds"] <= 0 || r.Extra["restart_seconds"] <= 0 || r.Extra["list_lines"] < 300) {
 					t.Errorf("scale extras: %+v", r.Extra)
 				}
@@ -67,7 +71,7 @@ func TestBenchScenarios(t *testing.T) {
 		})
 	}
 	_, errOut, code := nodepool(t, nil, "bench", "nosuch")
-	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout, cloud`) {
+	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout, queued, cloud`) {
 		t.Errorf("unknown scenario: exit %d, %q", code, errOut)
 	}
 	out, _, code := nodepool(t, nil, "bench", "churn", "--print-config")
