@@ -3,7 +3,6 @@ package zkbridge_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/internal/zktest"
@@ -30,11 +30,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// testLog records what a process logs (with NODEPOOL_TEST_LOG set, it
+// also writes it to stderr); a failed test prints it.
 func testLog(t testing.TB) *slog.Logger {
-	if os.Getenv("NODEPOOL_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, rec := logtest.New(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", rec)
+		}
+	})
+	return log
 }
 
 // baseConfig is a fake cloud with two pools; %s is the zookeeper keys.
@@ -199,9 +204,9 @@ func (e *env) zuul() *zuulsim.Zuul {
 
 // waitFor checks cond on every change of the node and request records,
 // and every 20 ms, until the deadline.
-func (e *env) waitFor(timeout time.Duration, what string, cond func() bool) {
+func (e *env) waitFor(timeout time.Duration, what string, cond func() bool, more ...waitfor.Option) {
 	e.t.Helper()
-	opts := []waitfor.Option{waitfor.Every(20 * time.Millisecond)}
+	opts := append([]waitfor.Option{waitfor.Every(20 * time.Millisecond)}, more...)
 	if e.nodes != nil {
 		sn, sr := e.nodes.Subscribe(), e.reqs.Subscribe()
 		defer e.nodes.Unsubscribe(sn)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/internal/zuulsim"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/zkbridge"
@@ -324,12 +325,20 @@ func TestZuulEphemeralRequest(t *testing.T) {
 		t.Fatalf("request %s: %+v", id, r)
 	}
 	n := e.nodeFor(r.Nodes[0])
-	z.Stop()
+	if err := z.Call(nil, "stop", nil); err != nil {
+		t.Logf("Zuul's session did not close cleanly (%v): it expires after its timeout", err)
+	}
+	z.Kill()
 	z2 := e.zuul()
 	e.waitFor(20*time.Second, "the node freed", func() bool {
 		cur, ok := e.nodes.Get(n.Key)
 		return ok && cur.Value.AllocatedTo == "" && cur.Value.ZooKeeperID == "" && z2.Node(r.Nodes[0]) == nil
-	})
+	}, waitfor.Detail(func() string {
+		cur, _ := e.nodes.Get(n.Key)
+		nr, ok := e.reqs.Get(zkbridge.NATSRequestID(id))
+		return fmt.Sprintf("node %s: %s allocated to %q, znode %q; Zuul sees the znode: %+v; the ZooKeeper request: %+v; its NATS request: %v %+v",
+			n.Key, cur.Value.State, cur.Value.AllocatedTo, cur.Value.ZooKeeperID, z2.Node(r.Nodes[0]), z2.Get(id), ok, nr.Value)
+	}))
 	if z2.Get(id) != nil {
 		t.Errorf("ephemeral request %s outlived its session", id)
 	}
