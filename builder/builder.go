@@ -108,6 +108,9 @@ type Options struct {
 	// Leases is the process's one watch of the locks bucket, shared with
 	// the launcher's leases (nil: the scheduler's lease watches its key).
 	Leases *kv.LeaseWatch
+	// Views are the process's caches (nil: caches of the builder's own):
+	// the image records', fed by one watch, and the components'.
+	Views *kv.Views
 }
 
 // Builder is one process's share of the builder's worker groups.
@@ -194,11 +197,12 @@ func New(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Builder, error) 
 	runID := opts.ID + "#" + hex.EncodeToString(nonce[:])
 	log := opts.Log.With("builder", opts.ID)
 	img := kv.NewImageStores(b.Images)
+	caches := opts.Views.Images(b, log)
 	bl := &Builder{
 		opts: opts, js: js, b: b, img: img, log: log, runID: runID,
-		images:  kv.NewCache(img.Images, log),
-		builds:  kv.NewCache(img.Builds, log),
-		uploads: kv.NewCache(img.Uploads, log),
+		images:  caches.Images,
+		builds:  caches.Builds,
+		uploads: caches.Uploads,
 		active:  map[string]bool{},
 		ids:     map[string][2]uint64{},
 	}
@@ -313,14 +317,13 @@ func (b *Builder) run(ctx context.Context) error {
 		}
 	}
 
-	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
-	var caches sync.WaitGroup
-	for _, run := range []func(context.Context) error{b.images.Run, b.builds.Run, b.uploads.Run} {
-		caches.Go(func() { _ = run(cacheCtx) })
-	}
+	// One watch feeds the three caches (and the web API's, in the same
+	// process); it runs while any of them is started.
+	stops := []func(){b.images.Start(), b.builds.Start(), b.uploads.Start()}
 	defer func() {
-		stopCaches()
-		caches.Wait()
+		for _, stop := range stops {
+			stop()
+		}
 	}()
 	for _, c := range []interface{ WaitSynced(context.Context) error }{b.images, b.builds, b.uploads} {
 		if err := c.WaitSynced(ctx); err != nil {
@@ -339,8 +342,8 @@ func (b *Builder) run(ctx context.Context) error {
 		wg.Go(func() { b.keepHeartbeat(ctx) })
 		// A builder on its own keeps its share of the rates (with a
 		// launcher in the process, the launcher does).
-		components := kv.NewCache(b.b.Components, b.log)
-		caches.Go(func() { _ = components.Run(cacheCtx) })
+		components := b.opts.Views.Components(b.b, b.log)
+		stops = append(stops, components.Start())
 		wg.Go(func() {
 			if components.WaitSynced(ctx) == nil {
 				b.opts.Pacer.Share(ctx, components)

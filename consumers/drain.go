@@ -98,21 +98,21 @@ type drainDriver struct {
 func newDrainer(l *Launcher) *drainer {
 	d := &drainer{l: l, remember: make(chan struct{}, 1), drivers: map[string]*drainDriver{}}
 	if l.b.Providers != nil {
-		d.records = kv.NewCache(l.b.Providers, l.log)
+		d.records = l.opts.Views.Providers(l.b, l.log)
 	}
 	return d
 }
 
 // caches are the watch caches to run with the launcher's.
 func (d *drainer) caches() []interface {
-	Run(context.Context) error
+	Start() func()
 	WaitSynced(context.Context) error
 } {
 	if d.records == nil {
 		return nil
 	}
 	return []interface {
-		Run(context.Context) error
+		Start() func()
 		WaitSynced(context.Context) error
 	}{d.records}
 }

@@ -18,21 +18,21 @@ type imageIndex struct {
 	uploads *kv.Cache[kv.ImageUpload]
 }
 
-func newImageIndex(b *kv.Buckets, log *slog.Logger) *imageIndex {
+func newImageIndex(b *kv.Buckets, views *kv.Views, log *slog.Logger) *imageIndex {
 	// Always kept: a reload may add labels with diskimages.
-	return &imageIndex{uploads: kv.NewCache(kv.NewImageStores(b.Images).Uploads, log)}
+	return &imageIndex{uploads: views.Images(b, log).Uploads}
 }
 
 // caches are the watch caches to run with the launcher's.
 func (ix *imageIndex) caches() []interface {
-	Run(context.Context) error
+	Start() func()
 	WaitSynced(context.Context) error
 } {
 	if ix == nil {
 		return nil
 	}
 	return []interface {
-		Run(context.Context) error
+		Start() func()
 		WaitSynced(context.Context) error
 	}{ix.uploads}
 }

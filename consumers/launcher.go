@@ -170,7 +170,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		nodes:      opts.Views.Nodes(b, log),
 		requests:   opts.Views.Requests(b, log),
 		components: opts.Views.Components(b, log),
-		images:     newImageIndex(b, log),
+		images:     newImageIndex(b, opts.Views, log),
 		paused:     map[string]bool{},
 		quotas:     map[string]*kv.CloudQuota{},
 		beat:       make(chan struct{}, 1),
@@ -238,17 +238,14 @@ func (l *Launcher) run(parent context.Context) error {
 	// started before the failure stops before run returns.
 	ctx, stop := context.WithCancel(parent)
 	defer stop()
-	cacheCtx, stopCaches := context.WithCancel(context.WithoutCancel(ctx))
-	var caches sync.WaitGroup
-	// The process's views of nodes, requests and components may be
-	// shared with its other roles and drivers (Options.Views).
+	// The process's views may be shared with its other roles and drivers
+	// (Options.Views): each runs one watch while any of them has it
+	// started.
 	stopViews := []func(){l.nodes.Start(), l.requests.Start(), l.components.Start()}
 	for _, c := range append(l.images.caches(), l.drain.caches()...) {
-		caches.Go(func() { _ = c.Run(cacheCtx) })
+		stopViews = append(stopViews, c.Start())
 	}
 	defer func() {
-		stopCaches()
-		caches.Wait()
 		for _, stop := range stopViews {
 			stop()
 		}

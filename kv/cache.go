@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
 // Change is one change seen by a Cache: New is nil when the key was deleted,
@@ -52,11 +50,13 @@ type Cache[T any] struct {
 	// newer revision of their key replaces or deletes them.
 	bad map[string]BadRecord
 
-	// created is when the bucket's stream the cache holds the records of
-	// was made (used by Run only); restarted is when the cache last
-	// started afresh because the bucket was deleted and made again.
-	created   time.Time
+	// restarted is when the cache last started afresh because the bucket
+	// was deleted and made again.
 	restarted time.Time
+
+	// feed, if set, is the one watch of the bucket that feeds this cache
+	// and others: Start and Run start it.
+	feed *Feed
 
 	// starts counts the Starts not stopped yet; stopRun ends the watch
 	// they share (guarded by runMu).
@@ -112,52 +112,17 @@ func (c *Cache[T]) WaitSynced(ctx context.Context) error {
 // stopped if it fails or falls silent while the stream moves on. When the
 // bucket is deleted, it waits for it to be made again (see
 // internal/repair) and then holds the records of the new bucket: the
-// records it held are dropped, as deletions.
+// records it held are dropped, as deletions. A cache fed by a Feed
+// starts the feed's watch instead, for as long as Run runs.
 func (c *Cache[T]) Run(ctx context.Context) error {
-	var last uint64
-	missing := 0
-	for ctx.Err() == nil {
-		// The stream's last sequence before the watch starts: once the
-		// watch has delivered what was pending, the cache covers it.
-		target, created, err := c.streamState(ctx)
-		if bucketMissing(err) {
-			if missing == 0 {
-				c.log.Info("the bucket is missing; watching it again once it is made again")
-			}
-			if !wait.Sleep(ctx, min(wait.Backoff(missing), time.Second)) {
-				break
-			}
-			missing++
-			continue
-		}
-		missing = 0
-		if err == nil {
-			if !c.created.IsZero() && !created.Equal(c.created) {
-				c.log.Info("the bucket was deleted and made again; its records are gone, watching the new one")
-				c.reset()
-				last = 0
-			}
-			c.created = created
-		}
-		var opts []jetstream.WatchOpt
-		if last > 0 {
-			opts = append(opts, jetstream.ResumeFromRevision(last+1))
-		}
-		w, err := c.store.watch(ctx, opts...)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			c.log.Warn("watch failed; retrying", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		last = c.consume(ctx, w, last, target, created)
-		_ = w.Stop()
+	if c.feed != nil {
+		stop := c.feed.Start()
+		<-ctx.Done()
+		stop()
+		return nil
 	}
+	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}}
+	w.run(ctx)
 	return nil
 }
 
@@ -208,6 +173,9 @@ func (c *Cache[T]) Restarted() time.Time {
 // and driver of a process that reads the cache starts it, one watch
 // serves them all, and it ends with the last stop.
 func (c *Cache[T]) Start() (stop func()) {
+	if c.feed != nil {
+		return c.feed.Start()
+	}
 	c.runMu.Lock()
 	defer c.runMu.Unlock()
 	if c.starts == 0 {
@@ -239,18 +207,7 @@ func (c *Cache[T]) Start() (stop func()) {
 // streamState reads the last sequence of the bucket's stream (from the
 // stream's leader) and when the stream was made.
 func (c *Cache[T]) streamState(ctx context.Context) (uint64, time.Time, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	st, err := c.store.kv.Status(ctx)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	bst, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return 0, time.Time{}, errors.New("unexpected bucket status")
-	}
-	info := bst.StreamInfo()
-	return info.State.LastSeq, info.Created, nil
+	return streamState(ctx, c.store.kv)
 }
 
 // advance records that the cache holds every change up to seq.
@@ -284,73 +241,6 @@ func (c *Cache[T]) Sync(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-progress:
-		}
-	}
-}
-
-func (c *Cache[T]) consume(ctx context.Context, w jetstream.KeyWatcher, last, target uint64, created time.Time) uint64 {
-	if last > 0 {
-		// A resumed watch sends no initial-values marker we need.
-		c.markSynced()
-	}
-	// Deletions are remembered for a minute or two: long enough for any
-	// write-through of an older revision to arrive and be refused.
-	tidy := time.NewTicker(time.Minute)
-	defer tidy.Stop()
-	check := time.NewTicker(staleCheck)
-	defer check.Stop()
-	var lastAtTidy uint64
-	heard := time.Now()
-	// suspect is a stream sequence the watch had not delivered at the
-	// last check; still missing at the next one, the watch has stalled (a
-	// change just written is merely on its way).
-	var suspect uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return last
-		case <-tidy.C:
-			c.ForgetDeleted(lastAtTidy)
-			lastAtTidy = last
-		case <-check.C:
-			if time.Since(heard) < staleCheck {
-				continue
-			}
-			// Quiet for a while: if the stream has moved on, the watch
-			// has stalled; start it again where it stopped.
-			c.mu.RLock()
-			fresh := c.fresh
-			c.mu.RUnlock()
-			if suspect > fresh {
-				c.log.Debug("watch silent while the bucket changed; restarting it", "revision", last, "missing", suspect)
-				return last
-			}
-			suspect = 0
-			seq, cr, err := c.streamState(ctx)
-			switch {
-			case bucketMissing(err):
-				return last // deleted: Run waits for it to be made again
-			case err != nil:
-			case !created.IsZero() && !cr.Equal(created):
-				return last // deleted and made again: Run starts afresh
-			case seq > fresh:
-				suspect = seq
-			}
-		case e, ok := <-w.Updates():
-			if !ok {
-				return last
-			}
-			heard = time.Now()
-			if e == nil {
-				// Caught up with what the stream held when the watch
-				// started.
-				c.advance(max(last, target))
-				c.markSynced()
-				continue
-			}
-			last = e.Revision()
-			c.observe(e)
-			c.advance(last)
 		}
 	}
 }

@@ -8,15 +8,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
 // The three kinds of image records share one bucket; each typed store and
-// each cache sees only its own kind.
+// each cache sees only its own kind, whether the caches watch their keys
+// each or are fed by one watch of the whole bucket (NewImageCaches, what
+// a process runs: one consumer on the server for all three).
 func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
 	t.Parallel()
-	b := buckets(t)
+	for _, fed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a watch per cache", true: "one feed"}[fed], func(t *testing.T) {
+			t.Parallel()
+			imageStoresSeeOnlyTheirKind(t, fed)
+		})
+	}
+}
+
+func imageStoresSeeOnlyTheirKind(t *testing.T, fed bool) {
+	b, js := bucketsJS(t)
 	ctx := t.Context()
 	s := kv.NewImageStores(b.Images)
 	if _, err := s.Images.Create(ctx, "debian", &kv.DiskImage{Name: "debian", BuildSeq: 2}); err != nil {
@@ -48,8 +61,11 @@ func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
 	}
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	images := kv.NewCache(s.Images, log)
-	uploads := kv.NewCache(s.Uploads, log)
+	images, uploads := kv.NewCache(s.Images, log), kv.NewCache(s.Uploads, log)
+	if fed {
+		c := kv.NewImageCaches(b.Images, log)
+		images, uploads = c.Images, c.Uploads
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = images.Run(ctx) }()
@@ -62,6 +78,9 @@ func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
 	}
 	if images.Len() != 1 || uploads.Len() != 1 {
 		t.Fatalf("caches hold %d images and %d uploads, want 1 and 1", images.Len(), uploads.Len())
+	}
+	if watches := imageWatches(t, js); fed && watches != 1 {
+		t.Errorf("%d watches of the images bucket feed two caches, want 1", watches)
 	}
 	// A later change of another kind does not reach the cache.
 	sub := uploads.Subscribe()
@@ -126,4 +145,25 @@ func TestParseBuildName(t *testing.T) {
 			t.Errorf("ParseBuildName(%q) = %q, %q, %v", c.in, image, build, err)
 		}
 	}
+}
+
+// imageWatches counts the watches of the images bucket (consumers that
+// are not durable and deliver values).
+func imageWatches(t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	st, err := js.Stream(t.Context(), "KV_"+kv.BucketImages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	l := st.ListConsumers(t.Context())
+	for ci := range l.Info() {
+		if ci.Config.Durable == "" && !ci.Config.HeadersOnly {
+			n++
+		}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -12,12 +12,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
 func buckets(t *testing.T) *kv.Buckets {
+	t.Helper()
+	b, _ := bucketsJS(t)
+	return b
+}
+
+// bucketsJS is buckets with the connection's JetStream context.
+func bucketsJS(t *testing.T) (*kv.Buckets, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
@@ -29,7 +38,7 @@ func buckets(t *testing.T) *kv.Buckets {
 	if _, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return b, js
 }
 
 func TestStoreRevisionChecks(t *testing.T) {

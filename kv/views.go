@@ -7,7 +7,9 @@ import (
 
 // Views are a process's caches of the buckets its roles and drivers read:
 // one cache, fed by one watch, per bucket, whoever reads it (the launcher,
-// the zookeeper role, the static and metastatic drivers, the web API);
+// the zookeeper role, the static and metastatic drivers, the web API; the
+// images bucket's three kinds of record have a cache each, fed by one
+// watch);
 // and one watch of the locks bucket for all its leases (Leases).
 // A cache is made when first asked for; each reader starts it
 // (Cache.Start) and stops it when done, and its watch runs while any
@@ -21,6 +23,8 @@ type Views struct {
 	nodes      *Cache[Node]
 	requests   *Cache[Request]
 	components *Cache[Component]
+	images     *ImageCaches
+	providers  *Cache[ProviderRecord]
 	leases     *LeaseWatch
 }
 
@@ -64,6 +68,29 @@ func (v *Views) Components(b *Buckets, log *slog.Logger) *Cache[Component] {
 		return view(v, &v.components, v.b.Components)
 	}
 	return NewCache(b.Components, log)
+}
+
+// Images are the process's caches of the images bucket, fed by one watch
+// (new caches over b's if v is nil).
+func (v *Views) Images(b *Buckets, log *slog.Logger) *ImageCaches {
+	if v == nil {
+		return NewImageCaches(b.Images, log)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.images == nil {
+		v.images = NewImageCaches(v.b.Images, v.log)
+	}
+	return v.images
+}
+
+// Providers is the process's cache of the providers bucket (a new cache
+// over b's if v is nil); b must have the bucket.
+func (v *Views) Providers(b *Buckets, log *slog.Logger) *Cache[ProviderRecord] {
+	if v != nil {
+		return view(v, &v.providers, v.b.Providers)
+	}
+	return NewCache(b.Providers, log)
 }
 
 // Leases is the process's one watch of the locks bucket, for its leases

@@ -325,7 +325,7 @@ func NewBuilder(js jetstream.JetStream, b *kv.Buckets, s config.Settings, cfg *c
 		ID: s.ID, Config: cfg, Providers: providers, LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval,
 		BuildWorkers: s.BuildWorkers, UploadWorkers: s.UploadWorkers, ImagesDir: imagesDir, BuildLogDir: logDir,
 		Replicas: s.Replicas, Register: !s.HasRole(config.RoleLauncher), Pacer: pacer, Version: Version, Log: log, Metrics: reg,
-		Leases: views.Leases(),
+		Leases: views.Leases(), Views: views,
 	})
 }
 
@@ -422,6 +422,9 @@ func (p *Process) Metrics() *metrics.Registry { return p.metrics }
 
 // Builder is the builder role (nil if the process does not run it).
 func (p *Process) Builder() *builder.Builder { return p.builder }
+
+// Views are the caches the process's roles and drivers share.
+func (p *Process) Views() *kv.Views { return p.views }
 
 // Conn is the process's NATS connection.
 func (p *Process) Conn() *nats.Conn { return p.nc }

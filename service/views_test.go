@@ -80,13 +80,17 @@ providers:
 			return fmt.Sprintf("%d watches:\n%s", len(got), strings.Join(got, "\n"))
 		}))
 	}
-	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents} {
+	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents, kv.BucketProviders} {
 		// Watches of the whole bucket: all keys, values and not only
 		// headers.
 		one(fmt.Sprintf("one watch of bucket %s", bucket), bucket, func(c jetstream.ConsumerConfig) bool {
 			return !c.HeadersOnly && (c.FilterSubject == "$KV."+bucket+".>" || (len(c.FilterSubjects) == 1 && c.FilterSubjects[0] == "$KV."+bucket+".>"))
 		})
 	}
+	// The image, build and upload records (the launcher's index of
+	// uploads, the builder's three caches) are fed by one watch of the
+	// whole images bucket: no watch of some of its keys.
+	one("one watch of the images bucket", kv.BucketImages, func(c jetstream.ConsumerConfig) bool { return !c.HeadersOnly })
 	// The leases (cleanup, min-ready, a pool lease per pool, a provider
 	// lease per driver manager, the builder's scheduler: eight here) share
 	// one watch of the locks bucket, and no lease watches its own key.

@@ -3,7 +3,6 @@ package web
 import (
 	"context"
 	"log/slog"
-	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -30,48 +29,51 @@ type Views struct {
 	// nodepool-providers bucket): which removed providers drain.
 	Providers *kv.Cache[kv.ProviderRecord]
 
-	js  jetstream.JetStream
-	own []interface {
-		Run(context.Context) error
-	}
+	js jetstream.JetStream
 }
 
-// NewViews completes shared (the caches the process's roles keep, any of
-// them nil) with caches of its own over the buckets; Run runs those.
+// NewViews completes shared (the caches the process keeps, any of them
+// nil) with caches of its own over the buckets; Run starts them all.
 func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Logger) *Views {
 	v := shared
-	v.js, v.own = js, nil
-	img := kv.NewImageStores(b.Images)
-	own(&v, &v.Nodes, b.Nodes, log)
-	own(&v, &v.Requests, b.Requests, log)
-	own(&v, &v.Components, b.Components, log)
-	own(&v, &v.Images, img.Images, log)
-	own(&v, &v.Builds, img.Builds, log)
-	own(&v, &v.Uploads, img.Uploads, log)
+	v.js = js
+	own(&v.Nodes, b.Nodes, log)
+	own(&v.Requests, b.Requests, log)
+	own(&v.Components, b.Components, log)
+	if v.Images == nil || v.Builds == nil || v.Uploads == nil {
+		img := kv.NewImageCaches(b.Images, log)
+		v.Images, v.Builds, v.Uploads = img.Images, img.Builds, img.Uploads
+	}
 	v.History = NewHistory(nil)
 	v.Nodes.Observe(v.History.ObserveNode)
 	v.Requests.Observe(v.History.ObserveRequest)
 	if b.Providers != nil {
-		own(&v, &v.Providers, b.Providers, log)
+		own(&v.Providers, b.Providers, log)
 	}
 	return &v
 }
 
 // own makes a cache of the web API's own where the process has none.
-func own[T any](v *Views, c **kv.Cache[T], s *kv.Store[T], log *slog.Logger) {
+func own[T any](c **kv.Cache[T], s *kv.Store[T], log *slog.Logger) {
 	if *c == nil {
 		*c = kv.NewCache(s, log)
-		v.own = append(v.own, *c)
 	}
 }
 
-// Run keeps the caches of the web API's own up to date until ctx ends.
+// Run keeps the caches up to date until ctx ends: it starts them all (a
+// cache the process's roles started already keeps its one watch).
 func (v *Views) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, c := range v.own {
-		wg.Go(func() { _ = c.Run(ctx) })
+	var stops []func()
+	for _, c := range []interface{ Start() func() }{v.Nodes, v.Requests, v.Components, v.Images, v.Builds, v.Uploads} {
+		stops = append(stops, c.Start())
 	}
-	wg.Wait()
+	if v.Providers != nil {
+		stops = append(stops, v.Providers.Start())
+	}
+	<-ctx.Done()
+	for _, stop := range stops {
+		stop()
+	}
 }
 
 func values[T any](c *kv.Cache[T]) []T {

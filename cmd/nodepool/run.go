@@ -166,17 +166,17 @@ func serve(addr string, h http.Handler, log *slog.Logger, what, setting string) 
 	return srv, nil
 }
 
-// processViews are the web API's caches: the ones the process's roles keep
-// already, completed by the web API's own.
+// processViews are the web API's caches: the process's, shared with its
+// roles and drivers (one watch per bucket).
 func processViews(p *service.Process, log *slog.Logger) *web.Views {
-	var shared web.Views
-	if l := p.Launcher(); l != nil {
-		shared.Nodes, shared.Requests, shared.Components = l.Nodes(), l.Requests(), l.Components()
+	pv, b := p.Views(), p.Buckets()
+	img := pv.Images(b, log)
+	shared := web.Views{Nodes: pv.Nodes(b, log), Requests: pv.Requests(b, log), Components: pv.Components(b, log),
+		Images: img.Images, Builds: img.Builds, Uploads: img.Uploads}
+	if b.Providers != nil {
+		shared.Providers = pv.Providers(b, log)
 	}
-	if b := p.Builder(); b != nil {
-		shared.Images, shared.Builds, shared.Uploads = b.Images(), b.Builds(), b.Uploads()
-	}
-	return web.NewViews(p.JetStream(), p.Buckets(), shared, log)
+	return web.NewViews(p.JetStream(), b, shared, log)
 }
 
 func natsDescription(s config.Settings) string {
