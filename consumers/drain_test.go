@@ -504,6 +504,8 @@ type putCounter struct {
 	puts    map[string]int
 	deleted map[string]bool
 	seen    map[string][]string // what the watch saw of each key, for a failure's message
+	// afterDelete counts the puts of a key seen after its deletion.
+	afterDelete map[string]int
 }
 
 func (h *harness) countPuts() *putCounter {
@@ -513,7 +515,7 @@ func (h *harness) countPuts() *putCounter {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { _ = w.Stop() })
-	pc := &putCounter{puts: map[string]int{}, deleted: map[string]bool{}, seen: map[string][]string{}}
+	pc := &putCounter{puts: map[string]int{}, deleted: map[string]bool{}, seen: map[string][]string{}, afterDelete: map[string]int{}}
 	signal := make(chan struct{}, 1)
 	go func() {
 		for e := range w.Updates() {
@@ -523,6 +525,9 @@ func (h *harness) countPuts() *putCounter {
 			pc.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				pc.puts[e.Key()]++
+				if pc.deleted[e.Key()] {
+					pc.afterDelete[e.Key()]++
+				}
 				var n kv.Node
 				_ = json.Unmarshal(e.Value(), &n)
 				pc.seen[e.Key()] = append(pc.seen[e.Key()], fmt.Sprintf("put rev %d %s", e.Revision(), n.State))
@@ -550,6 +555,13 @@ func (pc *putCounter) history(key string) string {
 	return strings.Join(pc.seen[key], ", ")
 }
 
+// written says how often a key was seen written, and after its deletion.
+func (pc *putCounter) written(key string) (puts, afterDelete int) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.puts[key], pc.afterDelete[key]
+}
+
 func (pc *putCounter) get(key string) (puts int, deleted bool) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
@@ -565,8 +577,7 @@ func (pc *putCounter) get(key string) (puts int, deleted bool) {
 func TestRemovedProviderNobodyRemembered(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, fmt.Sprintf(drainProviders, "drain-ghost", ""))
-	// The ready node was once seen written once, not twice, under load:
-	// a failure prints what the watch saw and the launcher's log.
+	// A failure prints what the watch saw and the launcher's log.
 	var rec *logtest.Recorder
 	h.log, rec = logtest.New(t)
 	t.Cleanup(func() {
@@ -599,17 +610,31 @@ func TestRemovedProviderNobodyRemembered(t *testing.T) {
 		}
 		return ok && strings.Contains(r.Value.Problem, "no launcher recorded its configuration section")
 	})
-	want := map[string]int{"ghost-deleting": 1, "ghost-used": 1, "ghost-failed": 1, "ghost-inuse": 1,
-		"ghost-ready": 2} // created, then deleting
+	// The records are written at most this often (ready: created, then
+	// deleting), and none again once deleted. A watch of a bucket that
+	// keeps one revision per key may miss a write the next one replaced
+	// before it was delivered (it once saw ghost-ready's creation and
+	// deletion, not the deleting between, on a busy machine), so the
+	// counts seen are at most these, and the move of the ready node to
+	// deleting is read from the launcher's log. The node in use is
+	// written once and then left alone: its one write is always seen.
+	most := map[string]int{"ghost-deleting": 1, "ghost-used": 1, "ghost-failed": 1, "ghost-ready": 2}
 	check := func() {
 		t.Helper()
-		for id, n := range want {
-			if got, _ := puts.get(id); got != n {
-				t.Errorf("node %s was written %d times, want %d (seen: %s)", id, got, n, puts.history(id))
+		for id, n := range most {
+			if got, again := puts.written(id); got > n || again > 0 {
+				t.Errorf("node %s was written %d times, %d of them after its deletion; want at most %d, none after (seen: %s)", id, got, again, n, puts.history(id))
 			}
+		}
+		if got, _ := puts.written("ghost-inuse"); got != 1 {
+			t.Errorf("the node in use was written %d times, want once (seen: %s)", got, puts.history("ghost-inuse"))
 		}
 	}
 	check()
+	if len(rec.Lines("deleting a node of a removed provider", "node=ghost-ready")) == 0 {
+		t.Errorf("the ready node was not moved to deleting before its record was removed: %q",
+			rec.Lines("node=ghost-ready"))
+	}
 	if n, ok := h.node("ghost-inuse"); !ok || n.State != kv.NodeInUse {
 		t.Errorf("the node in use was not left to its holder: %+v", n)
 	}
