@@ -58,11 +58,8 @@ type Cache[T any] struct {
 	// and others: Start and Run start it.
 	feed *Feed
 
-	// starts counts the Starts not stopped yet; stopRun ends the watch
-	// they share (guarded by runMu).
-	runMu   sync.Mutex
-	starts  int
-	stopRun func()
+	// runs is the watch the Starts share.
+	runs counted
 }
 
 // BadRecord is a record that does not decode: its key, revision, stored
@@ -176,29 +173,43 @@ func (c *Cache[T]) Start() (stop func()) {
 	if c.feed != nil {
 		return c.feed.Start()
 	}
-	c.runMu.Lock()
-	defer c.runMu.Unlock()
-	if c.starts == 0 {
+	return c.runs.start(func(ctx context.Context) { _ = c.Run(ctx) })
+}
+
+// counted runs one loop while any of its starts is not stopped yet.
+type counted struct {
+	mu      sync.Mutex
+	starts  int
+	stopRun func()
+}
+
+// start runs run in the background if it does not run yet; the returned
+// stop (once; later calls do nothing) ends it, and waits for it, when it
+// is the last.
+func (r *counted) start(run func(context.Context)) (stop func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.starts == 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = c.Run(ctx)
+			run(ctx)
 		}()
-		c.stopRun = func() {
+		r.stopRun = func() {
 			cancel()
 			<-done
 		}
 	}
-	c.starts++
+	r.starts++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			c.runMu.Lock()
-			defer c.runMu.Unlock()
-			if c.starts--; c.starts == 0 {
-				c.stopRun()
-				c.stopRun = nil
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.starts--; r.starts == 0 {
+				r.stopRun()
+				r.stopRun = nil
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -228,10 +227,7 @@ func streamState(ctx context.Context, bucket jetstream.KeyValue) (uint64, time.T
 // caches' Start and Run start it; it runs while any of them is started.
 type Feed struct {
 	loop watchLoop
-
-	runMu   sync.Mutex
-	starts  int
-	stopRun func()
+	runs counted
 }
 
 // newFeed makes a feed of a bucket; feedCache adds its caches, before
@@ -251,34 +247,7 @@ func feedCache[T any](f *Feed, store *Store[T], log *slog.Logger) *Cache[T] {
 
 // Start runs the feed in the background until the returned stop is
 // called (as Cache.Start does).
-func (f *Feed) Start() (stop func()) {
-	f.runMu.Lock()
-	defer f.runMu.Unlock()
-	if f.starts == 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			f.loop.run(ctx)
-		}()
-		f.stopRun = func() {
-			cancel()
-			<-done
-		}
-	}
-	f.starts++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			f.runMu.Lock()
-			defer f.runMu.Unlock()
-			if f.starts--; f.starts == 0 {
-				f.stopRun()
-				f.stopRun = nil
-			}
-		})
-	}
-}
+func (f *Feed) Start() (stop func()) { return f.runs.start(f.loop.run) }
 
 // ImageCaches are caches of the images bucket's three kinds of record,
 // fed by one watch.
