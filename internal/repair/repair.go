@@ -118,15 +118,15 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-// look lists the streams (one call) and makes again those missing that
-// are due.
+// look lists the streams with their states (one call: their last
+// sequences come with them) and makes again those missing that are due.
 func (k *Keeper) look(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
 	defer cancel()
-	names := map[string]bool{}
-	lister := k.js.StreamNames(lctx)
-	for name := range lister.Name() {
-		names[name] = true
+	last := map[string]uint64{}
+	lister := k.js.ListStreams(lctx)
+	for info := range lister.Info() {
+		last[info.Config.Name] = info.State.LastSeq
 	}
 	if err := lister.Err(); err != nil {
 		if ctx.Err() == nil {
@@ -146,11 +146,9 @@ func (k *Keeper) look(ctx context.Context) {
 			return
 		}
 		kt, sp := kept[stream], specs[stream]
-		if names[stream] {
+		if seq, ok := last[stream]; ok {
 			if sp.track {
-				if s, err := k.js.Stream(lctx, stream); err == nil {
-					kt.last = s.CachedInfo().State.LastSeq
-				}
+				kt.last = seq
 			}
 			if !kt.seen {
 				k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last)
