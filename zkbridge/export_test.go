@@ -29,3 +29,13 @@ func NewLockKeeperForTest(c *Conn) LockKeeper {
 // Hold and Held are the bridge's hold and heldLock.
 func (k LockKeeper) Hold(id string, l *Lock) { k.br.hold(id, l) }
 func (k LockKeeper) Held(id string) *Lock    { return k.br.heldLock(id) }
+
+// KnowRequestForTest records a request znode as read (data), as a watch
+// that then missed its deletion leaves it.
+func (br *Bridge) KnowRequestForTest(id string, data []byte) {
+	zr := &zrequest{ctime: time.Now().UnixMilli()}
+	zr.rec, zr.err = ParseRequest(data)
+	br.tree.mu.Lock()
+	br.tree.requests[id] = zr
+	br.tree.mu.Unlock()
+}

@@ -1,6 +1,7 @@
 package zkbridge_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -578,4 +579,38 @@ func TestBridgeReload(t *testing.T) {
 	if err := p.Reload(t.Context(), plain); err == nil || !strings.Contains(err.Error(), "names no zookeeper-servers") {
 		t.Errorf("reload without zookeeper-servers: %v", err)
 	}
+}
+
+// A request's deletion its watch did not deliver is seen by the sweep.
+// The bridge is made to know a request ZooKeeper does not have, as a
+// watch that missed its deletion leaves it: fulfilled with a node znode
+// of the installation's (a real request's). Only the watch could tell it
+// was gone, and its NATS request stayed for as long as the process lived
+// (a loaded run once left a request of a closed Zuul session so); now
+// the sweep withdraws it.
+func TestSweepSeesAMissedDeletion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	p := e.installation()
+	z := e.zuul()
+	real := z.Wait(z.Submit([]string{"small"}, nil), 30*time.Second)
+	if real.State != "fulfilled" {
+		t.Fatalf("request: %+v", real)
+	}
+	const zkID = "200-0000000777"
+	data, err := json.Marshal(map[string]any{"state": "fulfilled", "node_types": []string{"small"}, "requestor": "zuul", "nodes": real.Nodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Bridge().KnowRequestForTest(zkID, data)
+	now := time.Now().UTC()
+	rec := kv.Request{ID: zkbridge.NATSRequestID(zkID), State: kv.RequestFulfilled, Labels: []string{"small"}, Nodes: []string{},
+		DeclinedBy: []string{}, Requestor: "zuul", Priority: 200, Provider: "fake-cloud", Pool: "main", Created: now, StateTime: now}
+	if _, err := e.buckets.Requests.Create(t.Context(), rec.ID, &rec); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(10*time.Second, "the NATS request seen", func() bool { return e.reqs.Has(rec.ID) })
+	e.waitFor(20*time.Second, "the NATS request of the deleted request withdrawn", func() bool {
+		return !e.reqs.Has(rec.ID)
+	})
 }

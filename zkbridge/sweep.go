@@ -31,6 +31,27 @@ func (br *Bridge) sweepLoop(ctx context.Context) {
 	}
 }
 
+// missedDeletions marks gone the requests the bridge has read that the
+// listing no longer has and that are gone indeed (the listing may be
+// older than a read): their watch missed the deletion, which would
+// otherwise leave their NATS requests, and the nodes allocated to them,
+// for as long as the process lives.
+func (br *Bridge) missedDeletions(conn *Conn, children []string) {
+	listed := make(map[string]bool, len(children))
+	for _, id := range children {
+		listed[id] = true
+	}
+	for _, id := range br.tree.requestIDs() {
+		if zr, ok := br.tree.request(id); listed[id] || !ok || zr.gone {
+			continue
+		}
+		if exists, _, err := conn.Exists(RequestsPath + "/" + id); err == nil && !exists {
+			br.log.Info("a request's deletion was not seen by its watch; the sweep saw it", "request", id)
+			br.setRequest(id, &zrequest{gone: true})
+		}
+	}
+}
+
 // sweep queues every request and node the bridge knows of, and looks for
 // leftovers.
 func (br *Bridge) sweep(ctx context.Context) {
@@ -47,6 +68,7 @@ func (br *Bridge) sweep(ctx context.Context) {
 			}
 		}
 		br.pendingLeftovers(children, seen)
+		br.missedDeletions(conn, children)
 	}
 	for _, id := range br.tree.requestIDs() {
 		br.queue.add(requestKey(id))
