@@ -39,3 +39,7 @@ func (br *Bridge) KnowRequestForTest(id string, data []byte) {
 	br.tree.requests[id] = zr
 	br.tree.mu.Unlock()
 }
+
+// PoolIDsForTest lists the ids of the pools the bridge has seen
+// registered (its own and other launchers').
+func (br *Bridge) PoolIDsForTest() []string { return br.pools.ids() }

@@ -186,7 +186,7 @@ func TestZuulAutohold(t *testing.T) {
 func TestZuulDeclines(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
-	e.installation()
+	p := e.installation()
 	z := e.zuul()
 	id := z.Submit([]string{"python-only"}, nil)
 	r := z.Wait(id, 30*time.Second)
@@ -206,7 +206,9 @@ func TestZuulDeclines(t *testing.T) {
 
 	py := e.zuul()
 	py.Must(nil, "register_pool", map[string]any{"id": "python-PoolWorker.python-cloud-main-1", "provider": "python-cloud", "labels": []string{"python-only"}})
-	e.waitFor(10*time.Second, "the other launcher's pool seen", func() bool { return true })
+	e.waitFor(10*time.Second, "the other launcher's pool seen", func() bool {
+		return slices.Contains(p.Bridge().PoolIDsForTest(), "python-PoolWorker.python-cloud-main-1")
+	})
 	id = z.Submit([]string{"python-only"}, nil)
 	var got *zuulsim.Request
 	e.waitFor(20*time.Second, "the installation's decline", func() bool {
