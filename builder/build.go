@@ -77,6 +77,9 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if !b.claim(buildClaim(image)) {
+		if b.endedBuildHolds(ctx, msg, image) {
+			return
+		}
 		drop(slog.LevelInfo, "a build of this image is running in this process; trigger answered by it", "image", image)
 		return
 	}
@@ -93,6 +96,9 @@ func (b *Builder) handleBuild(ctx context.Context, msg jetstream.Msg) {
 			// Delivered again: its first worker stopped, and may hold the
 			// lease until it expires. Look again then.
 			_ = msg.NakWithDelay(b.opts.LeaseTTL)
+			return
+		}
+		if b.endedBuildHolds(ctx, msg, image) {
 			return
 		}
 		drop(slog.LevelInfo, "a build of this image is running elsewhere; trigger answered by it", "image", image)
@@ -376,4 +382,25 @@ func (b *Builder) ownsBuild(ctx context.Context, bl *kv.ImageBuild) bool {
 		return !errors.Is(err, kv.ErrNotFound) && !errors.Is(err, kv.ErrBadRecord) // unsure: leave it
 	}
 	return e.Value.Holder == bl.BuilderID
+}
+
+// endedBuildHolds looks, afresh, whether a build of the image is still
+// running when its claim or lease is held: a build that wrote its end
+// keeps them a moment longer (its uploads to start, its lease to
+// release), and a trigger published then is not answered by it. Such a
+// trigger is delivered again a little later (true); one that finds a
+// build running is answered by it (false), as is one when the builds
+// cannot be read.
+func (b *Builder) endedBuildHolds(ctx context.Context, msg jetstream.Msg, image string) bool {
+	builds, err := b.img.Builds.Filtered(kv.BuildKeys(image)).List(ctx)
+	if err != nil {
+		return false
+	}
+	for _, e := range builds {
+		if e.Value.State == kv.ImageBuilding {
+			return false
+		}
+	}
+	nakLater(msg)
+	return true
 }
