@@ -279,10 +279,26 @@ func (br *Bridge) mirrorHold(ctx context.Context, e kv.Entry[kv.Node], z *Node) 
 
 // giveBack marks a node Zuul is done with used: the launchers delete it.
 func (br *Bridge) giveBack(ctx context.Context, e kv.Entry[kv.Node], zuulState string) error {
-	// Confirm that nobody holds it, reading the lock afresh.
+	// Confirm that nobody holds it, reading the lock afresh, and then
+	// what Zuul wrote before it unlocked: Zuul holds a node by writing
+	// hold and then unlocking, and the unlock may be seen before the
+	// write.
 	locked, err := br.lockedByOthers(e.Value.ZooKeeperID)
 	if err != nil || locked {
 		return err
+	}
+	data, _, err := br.conn.Get(NodesPath + "/" + e.Value.ZooKeeperID)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return nil // its watch brings the deletion
+	case err != nil:
+		return err
+	}
+	if fresh, err := ParseNode(data); err == nil {
+		if fresh.State == "hold" {
+			return br.mirrorHold(ctx, e, fresh)
+		}
+		zuulState = fresh.State
 	}
 	_, err = br.nodes.Modify(ctx, e.Key, func(n *kv.Node) error {
 		if (n.State != kv.NodeInUse && n.State != kv.NodeHold) || n.ZooKeeperID != e.Value.ZooKeeperID {
