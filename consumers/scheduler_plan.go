@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -39,7 +40,17 @@ type slot struct {
 	label string
 	node  string // id of the node (existing when reuse, new otherwise)
 	reuse bool
+	// again: the slot's node, planned earlier, is made again under the
+	// same key, as its first write may have landed unseen (see plan).
+	again bool
 }
+
+// againWindow bounds how long after a request was claimed a node of its
+// plan that no record shows is made again under its own key rather than
+// a new one: well within the 30 minutes cleanup keeps delete markers, so
+// that a node that lived and was deleted is told from one whose creation
+// is in doubt.
+const againWindow = 10 * time.Minute
 
 // headroom is what may be launched now, given the records and the jobs in
 // flight.
@@ -266,6 +277,15 @@ func (t *term) plan(r *kv.Request, free map[string][]string, only []int) ([]slot
 		if only != nil && !slices.Contains(only, i) {
 			continue
 		}
+		if only != nil && t.inDoubt(r, i) {
+			// A create whose answer was lost (a stream between leaders)
+			// may land after all, even after another term planned anew:
+			// a node under a new key beside it would take the pool past
+			// max-servers. Under the same key, only one of them can.
+			plan = append(plan, slot{index: i, label: label, node: r.Nodes[i], again: true})
+			need = need.Add(t.sizes[label])
+			continue
+		}
 		if (r.Reuse || t.registered) && len(free[label]) > 0 {
 			id := free[label][0]
 			plan = append(plan, slot{index: i, label: label, node: id, reuse: true})
@@ -276,6 +296,18 @@ func (t *term) plan(r *kv.Request, free map[string][]string, only []int) ([]slot
 		need = need.Add(t.sizes[label])
 	}
 	return plan, need
+}
+
+// inDoubt tells whether the node a pending request's plan names for slot i
+// may still be on its way: no record of it was seen by this term, alive or
+// deleted, and the plan is recent.
+func (t *term) inDoubt(r *kv.Request, i int) bool {
+	if i >= len(r.Nodes) || !isNodeID(r.Nodes[i]) || t.l.clock.Now().Sub(r.StateTime) >= againWindow {
+		return false
+	}
+	id := r.Nodes[i]
+	_, seen := t.idx.nodes[id]
+	return !seen && t.idx.goneNodes[id] == 0
 }
 
 // takeFree removes a node picked for a label from the free lists of every
@@ -290,10 +322,21 @@ func (t *term) takeFree(free map[string][]string, label, id string) {
 	}
 }
 
+// nodeIDAlphabet and nodeIDLen make the node ids the scheduler gives.
+const (
+	nodeIDAlphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	nodeIDLen      = 13
+)
+
+// isNodeID tells whether id is one newNodeID could have given.
+func isNodeID(id string) bool {
+	return len(id) == nodeIDLen && strings.Trim(id, nodeIDAlphabet) == ""
+}
+
 // newNodeID returns a fresh random node id (13 characters of [0-9a-z]).
 func newNodeID() string {
-	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
-	var b [13]byte
+	const alphabet = nodeIDAlphabet
+	var b [nodeIDLen]byte
 	_, _ = rand.Read(b[:])
 	for i := range b {
 		b[i] = alphabet[int(b[i])%len(alphabet)]

@@ -99,6 +99,9 @@ func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) 
 
 // replan replaces the nodes of some slots of a pending request.
 func (s *scheduler) replan(ctx context.Context, id string, old []string, plan []slot) {
+	if !s.settleDoubts(ctx, plan) {
+		return
+	}
 	e, err := s.l.requests.Modify(ctx, id, func(r *kv.Request) error {
 		if r.State != kv.RequestPending || r.Provider != s.prov.Name || r.Pool != s.pool.Name || !slices.Equal(r.Nodes, old) {
 			return kv.ErrSkip
@@ -106,15 +109,48 @@ func (s *scheduler) replan(ctx context.Context, id string, old []string, plan []
 		if len(r.Nodes) != len(r.Labels) {
 			r.Nodes = make([]string, len(r.Labels))
 		}
+		changed := false
 		for _, sl := range plan {
+			changed = changed || r.Nodes[sl.index] != sl.node
 			r.Nodes[sl.index] = sl.node
+		}
+		if !changed {
+			return errUnchanged // nodes made again under their keys
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errUnchanged) {
 		return
 	}
 	s.assign(ctx, &e.Value, plan)
+}
+
+// errUnchanged: a write that would change nothing was not sent.
+var errUnchanged = errors.New("nothing to change")
+
+// settleDoubts looks afresh at the nodes a plan makes again under their
+// own keys: one that is there after all needs nothing (the term's view is
+// behind; false), and one that lived and was deleted gets a new key, as
+// its key named it to the cloud already.
+func (s *scheduler) settleDoubts(ctx context.Context, plan []slot) bool {
+	for i := range plan {
+		if !plan[i].again {
+			continue
+		}
+		deleted, _, _, err := s.l.b.Nodes.LastDeletion(ctx, plan[i].node)
+		switch {
+		case err == nil && deleted:
+			plan[i].node, plan[i].again = newNodeID(), false
+		case errors.Is(err, kv.ErrNotFound):
+			s.log.Info("making a node again under its key: its first write may have landed unseen", "node", plan[i].node)
+		case err == nil:
+			return false
+		default:
+			s.log.Debug("could not read a node whose creation is in doubt", "node", plan[i].node, "err", err)
+			return false
+		}
+	}
+	return true
 }
 
 // assign allocates the reused nodes and creates the new ones of a plan, all
@@ -187,6 +223,12 @@ func (s *scheduler) create(ctx context.Context, sl slot, r *kv.Request) bool {
 		AllocatedTo: r.ID, Requestor: r.Requestor, Tenant: r.Tenant,
 		HostKeys: []string{}, Attributes: maps.Clone(map[string]string(s.pool.NodeAttributes)), Resources: size,
 		Created: now, StateTime: now, Attempt: 1,
+	}
+	if sl.again {
+		// Not over a key deleted lately: that node lived, and its slot
+		// gets a new one on the next pass.
+		_, err = s.l.nodes.CreateNew(ctx, n.ID, n)
+		return err == nil
 	}
 	_, err = s.l.nodes.Create(ctx, n.ID, n)
 	if err != nil && !errors.Is(err, kv.ErrExists) {

@@ -548,6 +548,18 @@ func (c *Cache[T]) Create(ctx context.Context, key string, v *T) (Entry[T], erro
 	return e, nil
 }
 
+// CreateNew writes a record like Store.CreateNew (a key that was deleted
+// lately counts as existing) and applies it to the cache.
+func (c *Cache[T]) CreateNew(ctx context.Context, key string, v *T) (Entry[T], error) {
+	rev, err := c.store.CreateNew(ctx, key, v)
+	if err != nil {
+		return Entry[T]{}, err
+	}
+	e := Entry[T]{Key: key, Value: *v, Revision: rev}
+	c.Apply(e)
+	return e, nil
+}
+
 // Delete removes a record at a revision, and from the cache at once.
 func (c *Cache[T]) Delete(ctx context.Context, key string, rev uint64) error {
 	if err := c.store.Delete(ctx, key, rev); err != nil {
