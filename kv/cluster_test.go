@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -83,51 +84,79 @@ func TestReadFromLeader(t *testing.T) {
 // again where it stopped), and Sync returns once it does.
 func TestCacheFollowsLeaderLoss(t *testing.T) {
 	t.Parallel()
-	c := natstest.StartCluster(t, 3)
-	_, js := c.Connect(t, 0)
-	ctx := t.Context()
-	b, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{Bucket: "watched", History: 1, Replicas: 3}, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := kv.NewCache(kv.NewStore[rec](b), quietLog())
-	t.Cleanup(cache.Start())
-	if err := cache.WaitSynced(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, wjs := c.Connect(t, 2)
-	writer, err := wjs.KeyValue(ctx, "watched")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := c.WaitStreamLeader("KV_watched", 10*time.Second)
-	c.Stop(leader)
-	for i := range 5 {
-		key := fmt.Sprintf("k%d", i)
-		for attempt := 0; ; attempt++ {
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := writer.Put(actx, key, []byte(`{"n": 1}`))
-			cancel()
-			if err == nil {
-				break
+	for _, tc := range []struct {
+		name string
+		// listing: the cache is a process's view, whose staleness probe
+		// reads the keeper's listing of the streams instead of asking.
+		listing bool
+	}{
+		{name: "own probe"},
+		{name: "process listing", listing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := natstest.StartCluster(t, 3)
+			_, js := c.Connect(t, 0)
+			ctx := t.Context()
+			b, err := kv.EnsureBucket(ctx, js, jetstream.KeyValueConfig{Bucket: "watched", History: 1, Replicas: 3}, quietLog())
+			if err != nil {
+				t.Fatal(err)
 			}
-			if attempt > 60 {
-				t.Fatalf("writing %s: %v", key, err)
+			var cache interface {
+				Start() func()
+				WaitSynced(context.Context) error
+				Sync(context.Context) error
+				Has(string) bool
+			} = kv.NewCache(kv.NewStore[rec](b), quietLog())
+			if tc.listing {
+				views := kv.NewViews(&kv.Buckets{Nodes: kv.NewStore[kv.Node](b)}, quietLog())
+				cache = views.Nodes(nil, nil)
+				keeper := repair.New(js, 0, quietLog())
+				keeper.OnList(views.Listing().Listed)
+				kctx, stop := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() { defer close(done); keeper.Run(kctx) }()
+				t.Cleanup(func() { stop(); <-done })
 			}
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := cache.Sync(sctx); err != nil {
-		t.Fatalf("Sync after the leader was lost: %v", err)
-	}
-	for i := range 5 {
-		if !cache.Has(fmt.Sprintf("k%d", i)) {
-			t.Errorf("the cache lacks k%d", i)
-		}
-	}
-	if err := c.Restart(leader); err != nil {
-		t.Fatal(err)
+			t.Cleanup(cache.Start())
+			if err := cache.WaitSynced(ctx); err != nil {
+				t.Fatal(err)
+			}
+			_, wjs := c.Connect(t, 2)
+			writer, err := wjs.KeyValue(ctx, "watched")
+			if err != nil {
+				t.Fatal(err)
+			}
+			leader := c.WaitStreamLeader("KV_watched", 10*time.Second)
+			c.Stop(leader)
+			for i := range 5 {
+				key := fmt.Sprintf("k%d", i)
+				for attempt := 0; ; attempt++ {
+					actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					_, err := writer.Put(actx, key, []byte(`{"n": 1}`))
+					cancel()
+					if err == nil {
+						break
+					}
+					if attempt > 60 {
+						t.Fatalf("writing %s: %v", key, err)
+					}
+					time.Sleep(250 * time.Millisecond)
+				}
+			}
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := cache.Sync(sctx); err != nil {
+				t.Fatalf("Sync after the leader was lost: %v", err)
+			}
+			for i := range 5 {
+				if !cache.Has(fmt.Sprintf("k%d", i)) {
+					t.Errorf("the cache lacks k%d", i)
+				}
+			}
+			if err := c.Restart(leader); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -1,11 +1,16 @@
 package kv_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
@@ -64,5 +69,76 @@ func TestViewsShareOneCache(t *testing.T) {
 	defer stop()
 	if !seen("0000000003") {
 		t.Fatal("a cache started again after its last reader stopped does not watch")
+	}
+}
+
+// TestIdleViewsAskNoStream: the caches of a process's views take their
+// staleness probes from the one listing of the streams the process's
+// keeper makes each second: idle, they ask no stream for its info (one
+// STREAM.INFO a second per bucket before). A cache of no views asks its
+// stream, as a check that the count sees those calls.
+func TestIdleViewsAskNoStream(t *testing.T) {
+	t.Parallel()
+	b, js := bucketsJS(t)
+	ctx := t.Context()
+	log := quietLog()
+	nc := js.Conn()
+	count := func(subject string) (*atomic.Int64, func()) {
+		var n atomic.Int64
+		sub, err := nc.Subscribe(subject, func(*nats.Msg) { n.Add(1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return &n, func() { _ = sub.Unsubscribe() }
+	}
+	observe := func(start func() func()) (infos, lists int64) {
+		stopCache := start()
+		defer stopCache()
+		info, stopInfo := count("$JS.API.STREAM.INFO.>")
+		defer stopInfo()
+		list, stopList := count("$JS.API.STREAM.LIST")
+		defer stopList()
+		// Idle for a few probe intervals: there is no state to wait for.
+		time.Sleep(3 * time.Second)
+		return info.Load(), list.Load()
+	}
+
+	views := kv.NewViews(b, log)
+	keeper := repair.New(js, 0, log)
+	keeper.OnList(views.Listing().Listed)
+	kctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); keeper.Run(kctx) }()
+	defer func() { stop(); <-done }()
+	infos, lists := observe(func() func() {
+		stops := []func(){views.Nodes(b, log).Start(), views.Requests(b, log).Start(), views.Components(b, log).Start(), views.Images(b, log).Images.Start()}
+		for _, c := range []interface{ WaitSynced(context.Context) error }{views.Nodes(b, log), views.Requests(b, log), views.Components(b, log), views.Images(b, log).Images} {
+			if err := c.WaitSynced(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return func() {
+			for _, s := range stops {
+				s()
+			}
+		}
+	})
+	if infos != 0 || lists == 0 {
+		t.Errorf("idle views over 3 s: %d stream info calls, %d listings; want none, and the keeper's listings", infos, lists)
+	}
+
+	alone := kv.NewCache(b.Nodes, log)
+	infos, _ = observe(func() func() {
+		s := alone.Start()
+		if err := alone.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+	if infos == 0 {
+		t.Error("a cache of no views asked its stream nothing over 3 s: the count sees no calls")
 	}
 }

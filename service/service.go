@@ -201,6 +201,9 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}
 	p.keeper = repair.New(p.js, 0, log)
+	// One listing of the streams a second serves the keeper and the
+	// staleness probes of every cache of the process.
+	p.keeper.OnList(p.views.Listing().Listed)
 	p.keep(cfg)
 	ok = true
 	return p, nil

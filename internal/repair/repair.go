@@ -38,8 +38,9 @@ type Keeper struct {
 	log   *slog.Logger
 	every time.Duration
 
-	mu   sync.Mutex
-	kept map[string]*kept
+	mu     sync.Mutex
+	kept   map[string]*kept
+	onList func([]*jetstream.StreamInfo, time.Time)
 }
 
 // spec says how a stream is looked after.
@@ -90,6 +91,15 @@ func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.kept[stream] = &kept{spec: spec{what, make, track}}
 }
 
+// OnList has fn get every listing of the streams a look makes, with when
+// it was asked for (the process's caches read their staleness probes from
+// it: kv.Listing). Call it before Run.
+func (k *Keeper) OnList(fn func(infos []*jetstream.StreamInfo, at time.Time)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.onList = fn
+}
+
 // Forget stops looking after a stream.
 func (k *Keeper) Forget(stream string) {
 	k.mu.Lock()
@@ -124,15 +134,24 @@ func (k *Keeper) look(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
 	defer cancel()
 	last := map[string]uint64{}
+	at := time.Now()
 	lister := k.js.ListStreams(lctx)
+	var infos []*jetstream.StreamInfo
 	for info := range lister.Info() {
 		last[info.Config.Name] = info.State.LastSeq
+		infos = append(infos, info)
 	}
 	if err := lister.Err(); err != nil {
 		if ctx.Err() == nil {
 			k.log.Debug("could not list the streams", "err", err)
 		}
 		return
+	}
+	k.mu.Lock()
+	onList := k.onList
+	k.mu.Unlock()
+	if onList != nil {
+		onList(infos, at)
 	}
 	k.mu.Lock()
 	kept := maps.Clone(k.kept)
