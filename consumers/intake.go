@@ -106,7 +106,11 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 			DeliverPolicy:  jetstream.DeliverAllPolicy,
 		},
 		Resume: true,
-		Log:    l.log,
+		// A consumer made again delivers again what was acknowledged
+		// since the floor was read: the handler finds those requests
+		// recorded (their records, or their delete markers, are there).
+		FloorEvery: 6 * l.opts.SyncInterval,
+		Log:        l.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)

@@ -5,6 +5,7 @@
 package durable
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,9 +25,13 @@ import (
 // again, or its server is between two leaders); the caller just asks again.
 var ErrUnavailable = errors.New("the consumer is not available")
 
-// checkEvery is how often a consumer is looked at when nothing suggests it
-// is gone: the ack floor Resume starts from is at most this old.
-const checkEvery = 5 * time.Second
+// floorEvery is how often the ack floor of a consumer with Resume is read
+// by default (Options.FloorEvery): the floor a consumer made again starts
+// from is at most this old. A
+// consumer without Resume is looked at only when a pull suggests it is
+// gone (the server ends the pulls of a deleted consumer at once, and a
+// pull that hears no heartbeat says so): an idle process asks nothing.
+const floorEvery = 30 * time.Second
 
 // Options say which consumer to keep.
 type Options struct {
@@ -36,13 +41,16 @@ type Options struct {
 	Config jetstream.ConsumerConfig
 	// Resume makes a consumer made again (its stream still the same)
 	// start after the last message the old one had acknowledged, as last
-	// read (at most checkEvery ago), instead of where Config says: for a
+	// read (at most FloorEvery ago), instead of where Config says: for a
 	// stream whose old messages must not be handled again (request
 	// messages whose records were deleted long ago). What was acknowledged
 	// since that read is delivered again: the handler must find it done.
 	// A stream made again is read from where Config says.
 	Resume bool
-	Log    *slog.Logger
+	// FloorEvery is how often the ack floor is read with Resume (0:
+	// floorEvery).
+	FloorEvery time.Duration
+	Log        *slog.Logger
 }
 
 // Consumer is a durable consumer that is made again when it is deleted.
@@ -225,17 +233,21 @@ func (c *Consumer) Stop() {
 	})
 }
 
-// watch looks at the consumer every checkEvery, and at once when a pull
-// suggests it is gone; a consumer that is gone is made again.
+// watch looks at the consumer when a pull suggests it is gone, and every
+// floorEvery with Resume; a consumer that is gone is made again.
 func (c *Consumer) watch() {
-	t := time.NewTicker(checkEvery)
-	defer t.Stop()
+	var tick <-chan time.Time
+	if c.opts.Resume {
+		t := time.NewTicker(cmp.Or(c.opts.FloorEvery, floorEvery))
+		defer t.Stop()
+		tick = t.C
+	}
 	var repeats wait.Repeats
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
-		case <-t.C:
+		case <-tick:
 		case <-c.suspect:
 		}
 		cons, _, _ := c.current()

@@ -84,7 +84,7 @@ func consumerConfig() jetstream.ConsumerConfig {
 func openConsuming(t *testing.T, js jetstream.JetStream, resume bool, r *received, opts ...jetstream.PullConsumeOpt) (*durable.Consumer, *logtest.Recorder) {
 	t.Helper()
 	log, rec := logtest.New(t)
-	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Resume: resume, Log: log})
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Resume: resume, FloorEvery: time.Second, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestDeletedAgainAndAgainBacksOff(t *testing.T) {
 }
 
 // A consumer that a restarted server loaded from its store is opened as
-// the same consumer: the watch's looks (the first one at most checkEvery
+// the same consumer: the watch's looks (the first one at most FloorEvery
 // later, seen by the ack floor it reads) do not take it for one made
 // again by another process. The answer of the create-or-update after a
 // restart gives the time the server loaded the consumer as its creation,
@@ -312,7 +312,7 @@ func TestConsumerOfARestartedServerIsTheSame(t *testing.T) {
 	publish(t, js, "after")
 	r.wait(t, "after")
 	// The ack floor moved from 1 to 2: the watch's next look logs it.
-	logs.Wait(t, 3*within, "ack floor read", "ack_floor=2")
+	logs.Wait(t, within, "ack floor read", "ack_floor=2")
 	if got := logs.Lines("made again"); len(got) > 0 {
 		t.Errorf("the consumer the server loaded from its store was taken for one made again: %q", got)
 	}
