@@ -475,9 +475,10 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 
 func (b *Builder) work(ctx context.Context, cons *durable.Consumer, what string, handle func(context.Context, jetstream.Msg)) {
 	for ctx.Err() == nil {
-		// A short wait per pull: a pull lost with a server of the
-		// cluster is made again soon.
-		msg, err := cons.Next(ctx, 5*time.Second)
+		// A pull lost with a server of the cluster stops hearing its
+		// heartbeats and is made again within seconds; an idle worker
+		// pulls twice a minute.
+		msg, err := cons.Next(ctx, 30*time.Second)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) ||
 				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, durable.ErrUnavailable) {

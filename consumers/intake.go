@@ -41,10 +41,12 @@ type workerPool struct {
 // sends a heartbeat every pullHeartbeat while it has nothing to deliver.
 // When that server goes away, the pull goes with it; the client notices
 // after two missed heartbeats and pulls again from the new leader. The
-// library's defaults (30 s and 15 s) would leave a worker group idle for
-// half a minute after every leader change of a cluster.
+// library's heartbeat (15 s) would leave a worker group idle for half a
+// minute after every leader change of a cluster; its expiry (30 s) is
+// kept: the heartbeats, not the expiry, notice a lost pull, and an idle
+// worker group pulls twice a minute.
 const (
-	pullExpiry    = 5 * time.Second
+	pullExpiry    = 30 * time.Second
 	pullHeartbeat = time.Second
 )
 

@@ -199,14 +199,25 @@ func (c *Consumer) keepConsuming(cc jetstream.ConsumeContext, gen int, handle je
 	}
 }
 
+// pullHeartbeat is how often the server tells a long pull of Next that it
+// still holds it.
+const pullHeartbeat = 5 * time.Second
+
 // Next waits up to maxWait for the next message, as jetstream.Consumer.Next
-// does. When there is no consumer to pull from, it waits a moment (for the
+// does; a pull of 15 s or more hears heartbeats, and ends with
+// ErrUnavailable (after a look at the consumer) when they stop. When there is no consumer to pull from, it waits a moment (for the
 // consumer to be made again, at most a second) and returns ErrUnavailable.
 func (c *Consumer) Next(ctx context.Context, maxWait time.Duration) (jetstream.Msg, error) {
 	cons, _, made := c.current()
 	fctx, cancel := context.WithTimeout(ctx, maxWait)
 	defer cancel()
-	msg, err := cons.Next(jetstream.FetchContext(fctx))
+	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
+	if maxWait >= 3*pullHeartbeat {
+		// A long pull lost with its server is noticed by the heartbeats
+		// it stops hearing, not only when it expires.
+		opts = append(opts, jetstream.FetchHeartbeat(pullHeartbeat))
+	}
+	msg, err := cons.Next(opts...)
 	if err == nil || !gone(err) {
 		return msg, err
 	}
