@@ -190,7 +190,7 @@ func (l *watchLoop) consume(ctx context.Context, w jetstream.KeyWatcher, last, t
 			if e == nil {
 				// Caught up with what the stream held when the watch
 				// started.
-				fresh = max(fresh, last, target)
+				fresh = max(fresh, last, l.covered(ctx, last, target))
 				l.advance(fresh)
 				l.markSynced()
 				continue
@@ -205,6 +205,32 @@ func (l *watchLoop) consume(ctx context.Context, w jetstream.KeyWatcher, last, t
 			l.advance(last)
 		}
 	}
+}
+
+// covered is how far a watch that delivered every change up to last, and
+// then its initial-values marker, covers the bucket: up to target (the
+// stream's last sequence when the watch started; what lies between last
+// and it is gone, expired or purged), unless a change in between is still
+// there. The watch's consumer is on one server, which for a replicated
+// bucket may be a replica catching up (a server just restarted): its
+// marker says it delivered what that replica has, and the changes it lacks
+// come later. Then the watch covers only last, and its deliveries, or the
+// staleness check, move it on.
+func (l *watchLoop) covered(ctx context.Context, last, target uint64) uint64 {
+	lk, ok := l.kv.(*leaderKV)
+	if !ok || target <= last {
+		return target // one replica: the consumer reads the one store there is
+	}
+	next, found, err := lk.nextAfter(ctx, last, l.keys)
+	switch {
+	case err != nil:
+		l.log.Debug("could not tell whether the watch is behind the stream's leader; taking it as behind", "revision", last, "err", err)
+		return last
+	case found && next <= target:
+		l.log.Debug("watch behind the stream's leader (its server is catching up)", "revision", last, "missing", next)
+		return last
+	}
+	return target
 }
 
 // probe reads the last sequence of the bucket's stream and when it was

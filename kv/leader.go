@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -119,3 +120,40 @@ func (e *leaderEntry) Revision() uint64                { return e.revision }
 func (e *leaderEntry) Created() time.Time              { return e.created }
 func (e *leaderEntry) Delta() uint64                   { return 0 }
 func (e *leaderEntry) Operation() jetstream.KeyValueOp { return e.op }
+
+// nextAfter asks the stream's leader for the sequence of the first message
+// after seq whose subject matches the bucket's key pattern keys (all keys
+// if empty); found is false if there is none.
+func (l *leaderKV) nextAfter(ctx context.Context, seq uint64, keys string) (next uint64, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := json.Marshal(struct {
+		Seq  uint64 `json:"seq"`
+		Next string `json:"next_by_subj"`
+	}{seq + 1, l.prefix + cmp.Or(keys, ">")})
+	if err != nil {
+		return 0, false, err
+	}
+	msg, err := l.nc.RequestWithContext(ctx, l.subject, req)
+	if err != nil {
+		return 0, false, err
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, false, fmt.Errorf("reading the message of %s after %d from the stream leader: %w", l.Bucket(), seq, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, false, nil
+	case resp.Error != nil:
+		return 0, false, resp.Error
+	case resp.Message == nil:
+		return 0, false, fmt.Errorf("reading the message of %s after %d from the stream leader: an answer without a message", l.Bucket(), seq)
+	}
+	return resp.Message.Seq, true, nil
+}
