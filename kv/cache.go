@@ -544,24 +544,14 @@ func (c *Cache[T]) modifyFresh(ctx context.Context, key string, fn func(*T) erro
 // Create writes a new record and applies it to the cache.
 func (c *Cache[T]) Create(ctx context.Context, key string, v *T) (Entry[T], error) {
 	rev, err := c.store.Create(ctx, key, v)
-	if err != nil {
-		return Entry[T]{}, err
-	}
-	e := Entry[T]{Key: key, Value: *v, Revision: rev}
-	c.Apply(e)
-	return e, nil
+	return c.wrote(key, v, rev, err)
 }
 
 // CreateNew writes a record like Store.CreateNew (a key that was deleted
 // lately counts as existing) and applies it to the cache.
 func (c *Cache[T]) CreateNew(ctx context.Context, key string, v *T) (Entry[T], error) {
 	rev, err := c.store.CreateNew(ctx, key, v)
-	if err != nil {
-		return Entry[T]{}, err
-	}
-	e := Entry[T]{Key: key, Value: *v, Revision: rev}
-	c.Apply(e)
-	return e, nil
+	return c.wrote(key, v, rev, err)
 }
 
 // Delete removes a record at a revision, and from the cache at once.
@@ -576,10 +566,16 @@ func (c *Cache[T]) Delete(ctx context.Context, key string, rev uint64) error {
 // Update writes a record at a revision and applies it to the cache.
 func (c *Cache[T]) Update(ctx context.Context, key string, v *T, rev uint64) (Entry[T], error) {
 	nrev, err := c.store.Update(ctx, key, v, rev)
+	return c.wrote(key, v, nrev, err)
+}
+
+// wrote applies a write of v at revision rev to the cache, unless it
+// failed with err.
+func (c *Cache[T]) wrote(key string, v *T, rev uint64, err error) (Entry[T], error) {
 	if err != nil {
 		return Entry[T]{}, err
 	}
-	e := Entry[T]{Key: key, Value: *v, Revision: nrev}
+	e := Entry[T]{Key: key, Value: *v, Revision: rev}
 	c.Apply(e)
 	return e, nil
 }
