@@ -9,6 +9,16 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
+// smallPoolOfOne is a fake provider c with one pool p of max-servers 1,
+// serving label small.
+const smallPoolOfOne = `
+labels: [{name: small}]
+providers:
+  - name: c
+    driver: fake
+    pools: [{name: p, max-servers: 1, labels: [small]}]
+`
+
 // A node whose create got no answer (its stream between leaders) may land
 // later, even after a new leader of the pool planned the request again: the
 // request's node is made again under its own key, so that the late write and
@@ -27,13 +37,7 @@ func TestNodeInDoubtIsMadeUnderItsKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, `
-labels: [{name: small}]
-providers:
-  - name: c
-    driver: fake
-    pools: [{name: p, max-servers: 1, labels: [small]}]
-`)
+			h := newHarness(t, smallPoolOfOne)
 			ctx := t.Context()
 			now := time.Now().UTC()
 			const planned = "doubt0node001"

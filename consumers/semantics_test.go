@@ -206,13 +206,7 @@ providers:
 // requestor may change while the request waits), then submission.
 func TestWaitingRequestsAreServedInPriorityOrder(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
-labels: [{name: small}]
-providers:
-  - name: c
-    driver: fake
-    pools: [{name: p, max-servers: 1, labels: [small]}]
-`)
+	h := newHarness(t, smallPoolOfOne)
 	h.startLauncher("l1")
 	first := h.submit(events.RequestMessage{Labels: []string{"small"}})
 	h.waitDone(10*time.Second, first)

@@ -21,13 +21,7 @@ import (
 // reason.
 func TestUnaccountableRecordsPinNothing(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, `
-labels: [{name: small}]
-providers:
-  - name: c
-    driver: fake
-    pools: [{name: p, max-servers: 1, labels: [small]}]
-`)
+	h := newHarness(t, smallPoolOfOne)
 	l := h.startLauncher("l1")
 	cloud, ok := drivers.As[*fake.Provider](l.Providers["c"])
 	if !ok {
