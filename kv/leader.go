@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,43 +50,16 @@ func ReadFromLeader(ctx context.Context, js jetstream.JetStream, b jetstream.Key
 
 // Get reads the newest value of a key from the stream leader.
 func (l *leaderKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	req, err := json.Marshal(map[string]string{"last_by_subj": l.prefix + key})
-	if err != nil {
-		return nil, err
-	}
-	msg, err := l.nc.RequestWithContext(ctx, l.subject, req)
-	if err != nil {
-		return nil, err
-	}
-	var resp struct {
-		Message *struct {
-			Seq    uint64    `json:"seq"`
-			Header []byte    `json:"hdrs"`
-			Data   []byte    `json:"data"`
-			Time   time.Time `json:"time"`
-		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("reading %s/%s from the stream leader: %w", l.Bucket(), key, err)
-	}
+	m, err := l.getMsg(ctx, map[string]any{"last_by_subj": l.prefix + key})
 	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+	case err != nil:
+		return nil, fmt.Errorf("reading %s/%s from the stream leader: %w", l.Bucket(), key, err)
+	case m == nil:
 		return nil, jetstream.ErrKeyNotFound
-	case resp.Error != nil:
-		return nil, resp.Error
-	case resp.Message == nil:
-		return nil, fmt.Errorf("reading %s/%s from the stream leader: an answer without a message", l.Bucket(), key)
 	}
-	e := &leaderEntry{bucket: l.Bucket(), key: key, value: resp.Message.Data, revision: resp.Message.Seq,
-		created: resp.Message.Time, op: jetstream.KeyValuePut}
-	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+	e := &leaderEntry{bucket: l.Bucket(), key: key, value: m.Data, revision: m.Seq, created: m.Time, op: jetstream.KeyValuePut}
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
 		if err != nil {
 			return nil, fmt.Errorf("reading %s/%s from the stream leader: %w", l.Bucket(), key, err)
 		}
@@ -125,35 +99,51 @@ func (e *leaderEntry) Operation() jetstream.KeyValueOp { return e.op }
 // after seq whose subject matches the bucket's key pattern keys (all keys
 // if empty); found is false if there is none.
 func (l *leaderKV) nextAfter(ctx context.Context, seq uint64, keys string) (next uint64, found bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := json.Marshal(struct {
-		Seq  uint64 `json:"seq"`
-		Next string `json:"next_by_subj"`
-	}{seq + 1, l.prefix + cmp.Or(keys, ">")})
-	if err != nil {
+	m, err := l.getMsg(ctx, map[string]any{"seq": seq + 1, "next_by_subj": l.prefix + cmp.Or(keys, ">")})
+	if err != nil || m == nil {
 		return 0, false, err
 	}
-	msg, err := l.nc.RequestWithContext(ctx, l.subject, req)
+	return m.Seq, true, nil
+}
+
+// leaderMsg is a message of the stream as its leader gives it.
+type leaderMsg struct {
+	Seq    uint64    `json:"seq"`
+	Header []byte    `json:"hdrs"`
+	Data   []byte    `json:"data"`
+	Time   time.Time `json:"time"`
+}
+
+// getMsg asks the stream's leader for the message req names (the stream
+// message get API's request); nil if there is none.
+func (l *leaderKV) getMsg(ctx context.Context, req map[string]any) (*leaderMsg, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	data, err := json.Marshal(req)
 	if err != nil {
-		return 0, false, err
+		return nil, err
+	}
+	msg, err := l.nc.RequestWithContext(ctx, l.subject, data)
+	if err != nil {
+		return nil, err
 	}
 	var resp struct {
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
+		Message *leaderMsg          `json:"message"`
+		Error   *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, false, fmt.Errorf("reading the message of %s after %d from the stream leader: %w", l.Bucket(), seq, err)
+		return nil, err
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return 0, false, nil
+		return nil, nil
 	case resp.Error != nil:
-		return 0, false, resp.Error
+		return nil, resp.Error
 	case resp.Message == nil:
-		return 0, false, fmt.Errorf("reading the message of %s after %d from the stream leader: an answer without a message", l.Bucket(), seq)
+		return nil, errors.New("an answer without a message")
 	}
-	return resp.Message.Seq, true, nil
+	return resp.Message, nil
 }
