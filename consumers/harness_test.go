@@ -21,6 +21,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -143,6 +144,19 @@ func (h *harness) launcherLog() *slog.Logger {
 		return h.log
 	}
 	return testLog(h.t)
+}
+
+// recordLog records what the launchers started from now log, and prints it
+// if the test fails.
+func (h *harness) recordLog() *logtest.Recorder {
+	var rec *logtest.Recorder
+	h.log, rec = logtest.New(h.t)
+	h.t.Cleanup(func() {
+		if h.t.Failed() {
+			h.t.Logf("launcher log:\n%s", rec)
+		}
+	})
+	return rec
 }
 
 // launcher is a launcher running in this test process.

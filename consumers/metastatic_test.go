@@ -12,7 +12,6 @@ import (
 
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/events"
-	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -77,6 +76,19 @@ func (h *harness) backings() map[string]kv.Node {
 	return out
 }
 
+// slotMaps describes every node that has a slot map, held or not, for
+// failure messages.
+func (h *harness) slotMaps() string {
+	var b strings.Builder
+	h.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if d, ok := backingData(&e.Value); ok {
+			fmt.Fprintf(&b, "  %s rev %d %s holder=%q slots=%v\n", e.Key, e.Revision, e.Value.State, e.Value.Holder, d.Allocations)
+		}
+		return true
+	})
+	return b.String()
+}
+
 // requestSmall submits n requests for one small node each and returns them
 // once all are fulfilled, taken and deleted, with their node.
 func (h *harness) requestSmall(n int) []string {
@@ -104,6 +116,12 @@ func (h *harness) requestSmall(n int) []string {
 // node of each carved node.
 func (h *harness) checkCarved() map[string]string {
 	h.t.Helper()
+	failed := h.t.Failed()
+	defer func() {
+		if !failed && h.t.Failed() {
+			h.t.Logf("backing nodes:\n%s%s", h.slotMaps(), h.dump())
+		}
+	}()
 	backings := h.backings()
 	owner := map[string]string{} // carved node -> "backing/slot"
 	for bid, bn := range backings {
@@ -351,13 +369,7 @@ func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 		h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 600\n            max-age: 1\n"))
 		// A third backing node showed up once under load (a duplicate
 		// backing request?): a failure prints the launcher's log.
-		var rec *logtest.Recorder
-		h.log, rec = logtest.New(t)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("launcher log:\n%s", rec)
-			}
-		})
+		h.recordLog()
 		h.startLauncher("l1")
 		first := h.requestSmall(1)
 		var backingA string
@@ -539,6 +551,7 @@ func TestMetastaticBurstSharesBackingNodes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, metaConfig(tc.bootDelay, "            max-parallel-jobs: 8\n            grace-time: 600\n"))
+			h.recordLog()
 			h.startLauncher("l1")
 			h.waitLaunchers(1)
 			ids := make([]string, tc.requests)
@@ -655,6 +668,7 @@ providers:
             max-parallel-jobs: 4
             grace-time: 600
 `)
+	h.recordLog()
 	h.startLauncher("l1")
 	var ids []string
 	for _, label := range []string{"small", "medium", "tiny", "medium"} {
