@@ -43,9 +43,11 @@ func TestLaunchWaitsForImage(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withDiskimage)
 	h.startLauncher("l1")
-	waiting := h.submit(events.RequestMessage{Labels: []string{"debian"}})
+	// Recorded first (concurrent intake workers may record two requests
+	// in either order): once the pool served the other request, it has
+	// seen this one too.
+	waiting := h.submitRecorded(events.RequestMessage{Labels: []string{"debian"}})
 	other := h.submit(events.RequestMessage{Labels: []string{"ubuntu"}})
-	// Once the pool served the other request, it has seen this one too.
 	h.waitDone(10*time.Second, other)
 	if r, _ := h.request(waiting); r.State != kv.RequestRequested || len(r.DeclinedBy) != 0 {
 		t.Fatalf("request for an image not uploaded yet: %s, declined by %v (%s)", r.State, r.DeclinedBy, r.Reason)

@@ -271,7 +271,9 @@ providers:
 	a := h.submit(events.RequestMessage{Labels: []string{"small", "small"}})
 	h.waitDone(10*time.Second, a)
 	h.takeAll(a) // 4 of 10 cores in use
-	big := h.submit(events.RequestMessage{Labels: []string{"big"}})
+	// big is recorded first: submitted together, concurrent intake
+	// workers may record small before big, which is then not waiting yet.
+	big := h.submitRecorded(events.RequestMessage{Labels: []string{"big"}})
 	small := h.submit(events.RequestMessage{Labels: []string{"small"}})
 	h.waitDone(10*time.Second, small)
 	if h.state(small) != kv.RequestFulfilled || h.state(big) != kv.RequestRequested {
