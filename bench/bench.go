@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -117,6 +118,10 @@ type Options struct {
 	// DevCloud is the nodepool-devcloud binary the cloud scenario runs
 	// its cloud with.
 	DevCloud string
+	// Replicas, above 1, runs the bench's NATS as a cluster of that many
+	// servers (in the bench's process) and the launchers with streams and
+	// buckets of that many replicas, as production runs.
+	Replicas int
 }
 
 // startSystem starts n launchers with the scenario's configuration: the
@@ -324,12 +329,21 @@ func procUsage(pid int) (time.Duration, int64, error) {
 	return cpu, rss, nil
 }
 
+// addExtra adds figures particular to a scenario to those it has.
+func (r *Result) addExtra(m map[string]float64) {
+	if r.Extra == nil {
+		r.Extra = map[string]float64{}
+	}
+	maps.Copy(r.Extra, m)
+}
+
 // KVUpdateRate measures revision-checked updates per second on the server:
-// 32 writers, each updating its own key of a scratch bucket with the
-// revision it last wrote, for the given time.
-func KVUpdateRate(ctx context.Context, js jetstream.JetStream, d time.Duration) (float64, error) {
+// 32 writers, each updating its own key of a scratch bucket (of the given
+// replicas, as the records' buckets) with the revision it last wrote, for
+// the given time.
+func KVUpdateRate(ctx context.Context, js jetstream.JetStream, replicas int, d time.Duration) (float64, error) {
 	name := fmt.Sprintf("nodepool-bench-scratch-%d", time.Now().UnixNano())
-	b, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Storage: jetstream.FileStorage})
+	b, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
 	if err != nil {
 		return 0, err
 	}

@@ -148,14 +148,14 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 		// The floor: a launch waits on the create call, the boot, and the
 		// listing that sees it active.
 		floor := co.Boot + 2*co.Latency
-		res.Extra = map[string]float64{
+		res.addExtra(map[string]float64{
 			"api_calls_per_node":  float64(calls-calls0) / float64(n),
 			"refused_429":         float64(refused - refused0),
 			"cloud_floor_ms":      float64(floor) / float64(time.Millisecond),
 			"overhead_p50_ms":     float64(res.Latency.P50-floor) / float64(time.Millisecond),
 			"servers_left":        float64(left),
 			"makespan_over_floor": res.Makespan.Seconds() / floor.Seconds(),
-		}
+		})
 		for k, v := range phases {
 			res.Extra[k] = v
 		}

@@ -117,7 +117,15 @@ func Lookup(name string) (Scenario, bool) {
 // a running system) and launchers, runs fn, and tears it all down.
 func withSystem(ctx context.Context, o Options, config string, launchers int, fn func(*System) error) error {
 	url := o.URL
-	if url == "" {
+	if url == "" && o.Replicas > 1 {
+		c, err := startCluster(ctx, o.WorkDir, o.Replicas)
+		if err != nil {
+			return err
+		}
+		defer c.Shutdown()
+		url = c.URLs()
+		o.Env = append(slices.Clone(o.Env), fmt.Sprintf("NODEPOOL_REPLICAS=%d", o.Replicas))
+	} else if url == "" {
 		ns, err := service.StartEmbedded("127.0.0.1:0", filepath.Join(o.WorkDir, "nats"), discard())
 		if err != nil {
 			return err
@@ -137,7 +145,16 @@ func withSystem(ctx context.Context, o Options, config string, launchers int, fn
 // rate on the same server, and the ratio.
 func finish(ctx context.Context, s *System, r *Result) {
 	r.LauncherCPU, r.LauncherPeakRSS = s.usage(ctx)
-	rate, err := KVUpdateRate(ctx, s.JS, 2*time.Second)
+	// The nodes bucket's replicas as the servers report them (its leader
+	// and the replicas following it): what the figures were measured on.
+	if info, err := s.JS.Stream(ctx, "KV_"+kv.BucketNodes); err == nil {
+		peers := 1
+		if cl := info.CachedInfo().Cluster; cl != nil {
+			peers += len(cl.Replicas)
+		}
+		r.addExtra(map[string]float64{"replicas": float64(peers)})
+	}
+	rate, err := KVUpdateRate(ctx, s.JS, int(r.Extra["replicas"]), 2*time.Second)
 	if err == nil && rate > 0 {
 		r.KVUpdateRate = rate
 		r.Ratio = r.Throughput / rate
@@ -431,6 +448,9 @@ func runChurn(ctx context.Context, o Options, n int) ([]Result, error) {
 
 func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 	sc, _ := Lookup("scale")
+	if o.Replicas > 1 {
+		return nil, errors.New("scale measures a launcher with its embedded server (one, unreplicated); --replicas applies to the other scenarios")
+	}
 	// The launcher runs the embedded server, so its RSS includes it.
 	s, err := startSystem(ctx, o, sc.Config(n), 1, o.URL == "", "")
 	if err != nil {
@@ -514,7 +534,7 @@ func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 		}
 		res.Extra["restart_seconds"] = time.Since(restart).Seconds()
 	}
-	rate, err := KVUpdateRate(ctx, s.JS, 2*time.Second)
+	rate, err := KVUpdateRate(ctx, s.JS, 1, 2*time.Second)
 	if err == nil && rate > 0 {
 		res.KVUpdateRate, res.Ratio = rate, res.Throughput/rate
 	}
@@ -565,7 +585,7 @@ func runScaleout(ctx context.Context, o Options, n int) ([]Result, error) {
 		out = append(out, res)
 	}
 	if len(out) == 2 && out[0].Throughput > 0 {
-		out[1].Extra = map[string]float64{"speedup_vs_1": out[1].Throughput / out[0].Throughput}
+		out[1].addExtra(map[string]float64{"speedup_vs_1": out[1].Throughput / out[0].Throughput})
 	}
 	return out, nil
 }
@@ -618,12 +638,12 @@ func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
 			return err
 		}
 		delivered, writes := float64(d1-d0), float64(w1-w0)
-		res.Extra = map[string]float64{
+		res.addExtra(map[string]float64{
 			"deliveries_per_request":   delivered / float64(n),
 			"writes_per_request":       writes / float64(n),
 			"redeliveries_per_request": max(0, delivered-writes) / float64(n),
 			"redeliveries_per_minute":  max(0, delivered-writes) / res.Makespan.Minutes(),
-		}
+		})
 		return nil
 	})
 	return []Result{res}, err

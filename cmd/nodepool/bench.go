@@ -19,6 +19,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var (
 		n           int
 		runs        int
+		replicas    int
 		asJSON      bool
 		workDir     string
 		printConfig bool
@@ -57,6 +58,12 @@ Scenarios:
 			if n < 1 || runs < 1 {
 				return fmt.Errorf("--n and --runs must be 1 or more")
 			}
+			if replicas != 1 && replicas != 3 && replicas != 5 {
+				return fmt.Errorf("--replicas is %d; expected 1, 3 or 5", replicas)
+			}
+			if replicas > 1 && a.settings.NatsURL != "" {
+				return fmt.Errorf("--replicas starts a cluster of the bench's own; a running system (--nats-url) has the replicas it was started with")
+			}
 			if printConfig {
 				fmt.Fprint(a.out, sc.Config(n))
 				return nil
@@ -88,7 +95,7 @@ Scenarios:
 				}
 				fmt.Fprintf(a.err, "run %d of %d: %s, n=%d\n", i+1, runs, sc.Name, n)
 				rs, err := sc.Run(cmd.Context(), bench.Options{URL: a.settings.NatsURL, Binary: binary, WorkDir: dir, Log: a.logger(),
-					Cloud: cloud, DevCloud: devcloudBinary(binary, devcloud)}, n)
+					Cloud: cloud, DevCloud: devcloudBinary(binary, devcloud), Replicas: replicas}, n)
 				all = append(all, rs...)
 				if err != nil {
 					keep()
@@ -104,6 +111,7 @@ Scenarios:
 	f := cmd.Flags()
 	f.IntVar(&n, "n", 0, "size: requests, or nodes for scale (default per scenario)")
 	f.IntVar(&runs, "runs", 1, "runs on fresh systems; with more than one, medians with min and max are printed too")
+	f.IntVar(&replicas, "replicas", 1, "1, or 3 or 5: the bench's NATS is a cluster of that many servers (in its process) and streams and buckets have that many replicas, as in production (every scenario but scale)")
 	f.BoolVar(&asJSON, "json", false, "print every run's figures as JSON")
 	f.StringVar(&workDir, "work-dir", "", "where to keep configurations, data and launcher logs (default: a temporary folder)")
 	f.BoolVar(&printConfig, "print-config", false, "print the scenario's nodepool.yaml and exit")

@@ -19,6 +19,7 @@ func TestBenchScenarios(t *testing.T) {
 		args     []string
 	}{
 		{"fresh", "20", 1, nil},
+		{"fresh", "20", 1, []string{"--replicas", "3"}}, // a cluster of three servers, as production runs
 		{"ready", "20", 2, nil},
 		{"churn", "30", 1, nil},
 		{"scale", "300", 1, nil},
@@ -29,8 +30,13 @@ func TestBenchScenarios(t *testing.T) {
 	}
 	for _, c := range cases {
 		name := c.scenario
-		if len(c.args) > 1 && c.args[0] == "--cloud" {
+		replicas := 1.0
+		switch {
+		case len(c.args) > 1 && c.args[0] == "--cloud":
 			name += "-" + c.args[1]
+		case len(c.args) > 1 && c.args[0] == "--replicas":
+			name += "-replicas-" + c.args[1]
+			replicas = 3
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -56,6 +62,10 @@ func TestBenchScenarios(t *testing.T) {
 				if r.KVUpdateRate <= 0 || r.Ratio <= 0 || r.LauncherCPU <= 0 || r.LauncherPeakRSS <= 0 {
 					t.Errorf("missing KV rate, ratio or launcher usage: %+v", r)
 				}
+				// The nodes bucket's replicas, as the servers report them.
+				if got, ok := r.Extra["replicas"]; !strings.HasPrefix(r.Scenario, "scale,") && (!ok || got != replicas) {
+					t.Errorf("the nodes bucket has %v replicas (reported: %v), want %v", got, ok, replicas)
+				}
 				if r.Scenario == "queued" && (r.Extra["deliveries_per_request"] < r.Extra["writes_per_request"] || r.Extra["writes_per_request"] < 5) {
 					t.Errorf("queued extras: %+v", r.Extra)
 				}
@@ -73,6 +83,17 @@ func TestBenchScenarios(t *testing.T) {
 	_, errOut, code := nodepool(t, nil, "bench", "nosuch")
 	if code == 0 || !strings.Contains(errOut, `unknown scenario "nosuch"; expected one of: fresh, ready, churn, scale, scaleout, queued, cloud`) {
 		t.Errorf("unknown scenario: exit %d, %q", code, errOut)
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "fresh", "--replicas", "2"}, "--replicas is 2; expected 1, 3 or 5"},
+		{[]string{"bench", "scale", "--replicas", "3", "--n", "10"}, "--replicas applies to the other scenarios"},
+	} {
+		if _, errOut, code := nodepool(t, nil, bad.args...); code == 0 || !strings.Contains(errOut, bad.want) {
+			t.Errorf("%v: exit %d, %q; want an error saying %q", bad.args, code, errOut, bad.want)
+		}
 	}
 	out, _, code := nodepool(t, nil, "bench", "churn", "--print-config")
 	if code != 0 || !strings.Contains(out, "max-servers: 20") {
