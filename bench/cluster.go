@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -11,6 +10,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/freeport"
 )
 
 // cluster is a JetStream cluster of nats-servers in the bench's process, on
@@ -24,7 +25,7 @@ type cluster struct {
 // startCluster starts n servers as one cluster and waits until JetStream
 // answers through each of them.
 func startCluster(ctx context.Context, workDir string, n int) (*cluster, error) {
-	ports, err := freePorts(2 * n)
+	ports, err := freeport.Ports(2 * n)
 	if err != nil {
 		return nil, err
 	}
@@ -120,24 +121,4 @@ func (c *cluster) Shutdown() {
 	for _, ns := range c.servers {
 		ns.WaitForShutdown()
 	}
-}
-
-// freePorts finds n distinct ports nothing listens on.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

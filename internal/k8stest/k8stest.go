@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -42,6 +41,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/nodepool-nats/nodepool/internal/freeport"
 )
 
 // Version is the Kubernetes release the stack runs (tools/k8s/go.mod
@@ -197,7 +198,7 @@ func start(ctx context.Context, dir string) (_ *Stack, err error) {
 			return nil, err
 		}
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.Ports(3)
 	if err != nil {
 		return nil, err
 	}
@@ -497,26 +498,6 @@ func lastLines(text string, n int) string {
 		return "(nothing)\n"
 	}
 	return strings.Join(lines, "\n") + "\n"
-}
-
-// freePorts finds n free ports of 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Kubectl is a kubectl command on the stack as its admin: its

@@ -2,7 +2,6 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +10,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/freeport"
 )
 
 // Account is the account of a test server without accounts configured:
@@ -42,7 +43,10 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{t: t, name: fmt.Sprintf("nodepool-test-%d", time.Now().UnixNano()%1e9)}
 	// Every member gets its client and route ports before any starts, so
 	// each can list all the others' routes and keep its ports on restart.
-	ports := freePorts(t, 2*n)
+	ports, err := freeport.Ports(2 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var routes []string
 	for i := range n {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[2*i+1]))
@@ -102,28 +106,6 @@ func (c *Cluster) start(i int) error {
 	m.ns = ns
 	c.mu.Unlock()
 	return nil
-}
-
-// freePorts finds n ports nothing listens on, holding them all open at
-// once so they are distinct.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // Size is the number of members, running or not.
