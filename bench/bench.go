@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/freeport"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -138,11 +138,11 @@ func startSystem(ctx context.Context, o Options, config string, n int, embedded 
 	}
 	s.env = append([]string{"NODEPOOL_ROLES=launcher", "NODEPOOL_HTTP_ADDR=", "NODEPOOL_LOG_LEVEL=warn"}, o.Env...)
 	if embedded {
-		port, err := freePort()
+		ports, err := freeport.Ports(1)
 		if err != nil {
 			return nil, err
 		}
-		listen := fmt.Sprintf("127.0.0.1:%d", port)
+		listen := fmt.Sprintf("127.0.0.1:%d", ports[0])
 		s.env = append(s.env, "NODEPOOL_NATS_LISTEN="+listen, "NODEPOOL_DATA_DIR="+filepath.Join(o.WorkDir, "data"))
 		s.URL = "nats://" + listen
 		s.embedder = "bench-launcher-0"
@@ -374,15 +374,6 @@ func KVUpdateRate(ctx context.Context, js jetstream.JetStream, replicas int, d t
 	}
 	wg.Wait()
 	return float64(total) / time.Since(start).Seconds(), nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tracker follows request and node records, recording when each request

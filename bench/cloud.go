@@ -156,9 +156,7 @@ func cloudRun(ctx context.Context, o Options, target CloudTarget, co CloudOption
 			"servers_left":        float64(left),
 			"makespan_over_floor": res.Makespan.Seconds() / floor.Seconds(),
 		})
-		for k, v := range phases {
-			res.Extra[k] = v
-		}
+		res.addExtra(phases)
 		return nil
 	})
 	return res, err

@@ -100,8 +100,11 @@ func (e *leaderEntry) Operation() jetstream.KeyValueOp { return e.op }
 // if empty); found is false if there is none.
 func (l *leaderKV) nextAfter(ctx context.Context, seq uint64, keys string) (next uint64, found bool, err error) {
 	m, err := l.getMsg(ctx, map[string]any{"seq": seq + 1, "next_by_subj": l.prefix + cmp.Or(keys, ">")})
-	if err != nil || m == nil {
-		return 0, false, err
+	switch {
+	case err != nil:
+		return 0, false, fmt.Errorf("reading the message of %s after %d from the stream leader: %w", l.Bucket(), seq, err)
+	case m == nil:
+		return 0, false, nil
 	}
 	return m.Seq, true, nil
 }
