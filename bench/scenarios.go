@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/consumers"
+	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
 )
@@ -590,41 +591,73 @@ func runScaleout(ctx context.Context, o Options, n int) ([]Result, error) {
 	return out, nil
 }
 
-// lifecycleCounts reads what the node-lifecycle consumer has delivered
-// (nothing if a launcher has not made it yet) and how many node record
-// writes there have been.
-func lifecycleCounts(ctx context.Context, s *System) (delivered, writes uint64, err error) {
-	stream := "KV_" + kv.BucketNodes
-	st, err := s.JS.Stream(ctx, stream)
+// counts are what the node-lifecycle consumer and the launch consumers
+// (the work stream's) have delivered, and how many node record writes and
+// launch messages there have been.
+type counts struct {
+	lifecycle, writes, launches, launchMsgs uint64
+}
+
+// deliveryCounts reads the counts (a consumer a launcher has not made yet
+// has delivered nothing).
+func deliveryCounts(ctx context.Context, s *System) (counts, error) {
+	var c counts
+	var err error
+	if c.writes, err = lastSeq(ctx, s, "KV_"+kv.BucketNodes); err != nil {
+		return c, err
+	}
+	if c.launchMsgs, err = lastSeq(ctx, s, events.WorkStream); err != nil {
+		return c, err
+	}
+	lc, err := s.JS.Consumer(ctx, "KV_"+kv.BucketNodes, consumers.LifecycleConsumer)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return c, fmt.Errorf("the %s consumer: %w", consumers.LifecycleConsumer, err)
+	default:
+		ci, err := lc.Info(ctx)
+		if err != nil {
+			return c, err
+		}
+		c.lifecycle = ci.Delivered.Consumer
+	}
+	st, err := s.JS.Stream(ctx, events.WorkStream)
 	if err != nil {
-		return 0, 0, err
+		return c, err
+	}
+	infos := st.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		c.launches += ci.Delivered.Consumer
+	}
+	return c, infos.Err()
+}
+
+// lastSeq is a stream's last sequence (0 if it does not exist yet).
+func lastSeq(ctx context.Context, s *System, stream string) (uint64, error) {
+	st, err := s.JS.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
 	}
 	si, err := st.Info(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	c, err := s.JS.Consumer(ctx, stream, consumers.LifecycleConsumer)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, si.State.LastSeq, nil
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("the %s consumer: %w", consumers.LifecycleConsumer, err)
-	}
-	ci, err := c.Info(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	return ci.Delivered.Consumer, si.State.LastSeq, nil
+	return si.State.LastSeq, nil
 }
 
 // runQueued measures what a queue of launches behind max-concurrency
-// costs in deliveries: each node record write is delivered once, and a
-// launch without a free slot is delivered again and again.
+// costs in deliveries: each node record write is delivered once to the
+// node-lifecycle consumer, and each launch once to a launch consumer
+// when a slot frees (before the work stream, a launch without a free
+// slot was delivered again and again).
 func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
 	sc, _ := Lookup("queued")
 	var res Result
 	err := withSystem(ctx, o, sc.Config(n), 1, func(s *System) error {
-		d0, w0, err := lifecycleCounts(ctx, s)
+		c0, err := deliveryCounts(ctx, s)
 		if err != nil {
 			return err
 		}
@@ -633,16 +666,22 @@ func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
 		if err != nil {
 			return err
 		}
-		d1, w1, err := lifecycleCounts(ctx, s)
+		c1, err := deliveryCounts(ctx, s)
 		if err != nil {
 			return err
 		}
-		delivered, writes := float64(d1-d0), float64(w1-w0)
+		per := func(a, b uint64) float64 { return float64(b-a) / float64(n) }
+		lifecycle, writes := per(c0.lifecycle, c1.lifecycle), per(c0.writes, c1.writes)
+		launches, launchMsgs := per(c0.launches, c1.launches), per(c0.launchMsgs, c1.launchMsgs)
+		redelivered := max(0, lifecycle-writes) + max(0, launches-launchMsgs)
 		res.addExtra(map[string]float64{
-			"deliveries_per_request":   delivered / float64(n),
-			"writes_per_request":       writes / float64(n),
-			"redeliveries_per_request": max(0, delivered-writes) / float64(n),
-			"redeliveries_per_minute":  max(0, delivered-writes) / res.Makespan.Minutes(),
+			"deliveries_per_request":           lifecycle + launches,
+			"lifecycle_deliveries_per_request": lifecycle,
+			"launch_deliveries_per_request":    launches,
+			"launch_messages_per_request":      launchMsgs,
+			"writes_per_request":               writes,
+			"redeliveries_per_request":         redelivered,
+			"redeliveries_per_minute":          redelivered * float64(n) / res.Makespan.Minutes(),
 		})
 		return nil
 	})

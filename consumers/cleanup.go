@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -264,6 +266,7 @@ func (c *cleanup) revisit(ctx context.Context) {
 			delete(c.unowned, id)
 		}
 	}
+	due = c.notQueued(ctx, due)
 	for _, e := range due {
 		l.log.Info("node needs work nobody took up; writing it again", "node", e.Key, "state", e.Value.State, "launcher", e.Value.Launcher)
 		n := e.Value
@@ -271,6 +274,22 @@ func (c *cleanup) revisit(ctx context.Context) {
 			l.log.Warn("could not write node again", "node", e.Key, "err", err)
 		}
 	}
+}
+
+// notQueued leaves out of nodes due a revisit those waiting for a launch
+// whose message waits in the work stream: they wait for a free slot, not
+// for a message (with no stream to ask, for a later sweep).
+func (c *cleanup) notQueued(ctx context.Context, due []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
+	if !slices.ContainsFunc(due, func(e kv.Entry[kv.Node]) bool { return e.Value.State == kv.NodeBuilding }) {
+		return due
+	}
+	queued, err := events.QueuedLaunches(ctx, c.l.js)
+	if err != nil && ctx.Err() == nil {
+		c.l.log.Warn("could not list the queued launches; nodes waiting for one are looked at again next sweep", "err", err)
+	}
+	return slices.DeleteFunc(due, func(e kv.Entry[kv.Node]) bool {
+		return e.Value.State == kv.NodeBuilding && (err != nil || queued[e.Key])
+	})
 }
 
 // expire deletes nodes past their time: unallocated ready nodes older than

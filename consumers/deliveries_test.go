@@ -48,6 +48,7 @@ providers:
         max-servers: 20
         labels: [small]
 `)
+	h.recordLog()
 	h.startLauncher("l1")
 	var ids []string
 	for i := range nodes {

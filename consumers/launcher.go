@@ -294,6 +294,7 @@ func (l *Launcher) run(parent context.Context) error {
 	}
 	l.lifecycle.resumeOwn(ctx)
 	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
+	wg.Go(func() { l.lifecycle.askLaunches(ctx) })
 
 	l.reloadMu.Lock()
 	l.runCtx = ctx

@@ -23,9 +23,10 @@ const LifecycleConsumer = "node-lifecycle"
 // errLost means the node is no longer this process's to change.
 var errLost = errors.New("node no longer owned by this launcher")
 
-// lifecycle runs the create and delete state machines of nodes. Node changes
-// arrive on $KV.nodepool-nodes.>; a node that needs work (building or
-// deleting without a live owner, used, failed) is claimed with a
+// lifecycle runs the create and delete state machines of nodes. Launches
+// arrive on the work stream (launchwork.go); node changes arrive on
+// $KV.nodepool-nodes.>, where a node that needs a delete (deleting
+// without a live owner, used, failed, aborted) is claimed with a
 // revision-checked update that names this process as its launcher, and the
 // message is acknowledged once the claim is committed. The claim lives as
 // long as this process's heartbeat: when it stops, cleanup hands the node to
@@ -47,12 +48,6 @@ type lifecycle struct {
 
 	semsMu sync.Mutex
 	sems   map[string]*slots // launch slots per provider (slots.go)
-
-	// wanted lists, per provider, launches this process passed over for
-	// want of a slot, oldest first; a freed slot takes the next one at
-	// once instead of waiting for the message to come back.
-	wantedMu sync.Mutex
-	wanted   map[string][]string
 
 	// panicked holds nodes whose machine panicked here, and when
 	// (recover.go); guarded by mu.
@@ -79,11 +74,8 @@ type run struct {
 // before letting the change come back later.
 const machineStopWait = 5 * time.Second
 
-// maxWanted bounds the list of launches passed over.
-const maxWanted = 10000
-
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{}, wanted: map[string][]string{}}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{}}
 	lc.ctx, lc.stopRuns = context.WithCancel(context.Background())
 	return lc
 }
@@ -120,7 +112,7 @@ func (lc *lifecycle) stop() {
 func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 	defer func() {
 		if p := recover(); p != nil {
-			lc.handlerPanicked(msg, p)
+			lc.handlerPanicked(strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+"."), msg, p)
 		}
 	}()
 	if op := msg.Headers().Get("KV-Operation"); op != "" {
@@ -148,19 +140,9 @@ func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
 		lc.ack(msg)
 		return
 	}
-	switch {
-	case errors.Is(err, errFull), errors.Is(err, errNotMine):
-		// This process launches as much as max-concurrency allows, or
-		// does not have the node's provider: let another process take it
-		// (or this one, as soon as a slot frees).
-		if n.State == kv.NodeBuilding {
-			lc.want(n.Provider, key)
-		}
-	default:
-		// The claim was not written (the process is stopping or fenced,
-		// a machine is still stopping, or the server did not answer):
-		// let this or another process have the change again.
-	}
+	// The claim was not written (this process lacks the node's provider,
+	// is stopping or fenced, a machine is still stopping, or the server
+	// did not answer): let this or another process have the change again.
 	// The delivery bound of the consumer ends a change that can never be
 	// handled; cleanup's revisit sweep brings back a node left so.
 	if err := msg.NakWithDelay(redeliveryDelay(meta.NumDelivered)); err != nil {
@@ -173,9 +155,6 @@ func (lc *lifecycle) ack(msg jetstream.Msg) {
 		lc.l.log.Debug("ack failed; the change will be delivered again", "err", err)
 	}
 }
-
-// errFull: this process has no launch slot free for the provider.
-var errFull = errors.New("launch slots full")
 
 // errNotMine: the node needs work from a launcher that has its provider.
 var errNotMine = errors.New("provider not configured here")
@@ -199,13 +178,27 @@ func (l *Launcher) needsWork(n *kv.Node) bool {
 }
 
 // reconcile starts whatever work a node in this state needs from this
-// process. It returns errFull when the node needs a launch and this process
-// has no launch slot free, errNotMine when this process lacks the node's
+// process, but a launch: a node waiting for a launcher is launched from
+// its message on the work stream (launchwork.go). See reconcileWith.
+func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
+	return lc.reconcileWith(ctx, e, orphan, false)
+}
+
+// reconcileWith starts whatever work a node in this state needs from this
+// process; held says that the caller took a launch slot of the node's
+// provider for it (a launch message), which is given back or passed to
+// the launch. It returns errNotMine when this process lacks the node's
 // provider, and another error when a claim it should have written was not
 // (the change must be looked at again). orphan, if set, is an instance a
 // create machine of this process made for the node, which the record may
 // not name yet: a delete claimed here records it, so it is deleted too.
-func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
+func (lc *lifecycle) reconcileWith(ctx context.Context, e kv.Entry[kv.Node], orphan string, held bool) error {
+	slot := held // a launch slot taken for this node
+	defer func() {
+		if slot {
+			lc.release(e.Value.Provider)
+		}
+	}()
 	// Act on the newest record this process has seen: the change may be
 	// older than what the cache already holds.
 	e = lc.newest(e)
@@ -222,24 +215,16 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 		orphan = cmp.Or(orphan, r.orphan)
 	}
 	n := &e.Value
+	if n.State == kv.NodeBuilding && n.Launcher != lc.l.opts.ID && !slot {
+		// A launch is claimed with a slot taken first, so that a process
+		// never claims more launches than it runs: its message brings it.
+		return nil
+	}
 	drv, draining, err := lc.mayClaim(ctx, e)
 	if err != nil || drv == nil {
 		return err
 	}
-	slot := false // a launch slot taken for this node
-	defer func() {
-		if slot {
-			lc.release(n.Provider)
-		}
-	}()
 	switch {
-	case n.State == kv.NodeBuilding && n.Launcher != lc.l.opts.ID:
-		// Take a launch slot before claiming, so that a process never
-		// claims more launches than it runs.
-		if !lc.tryAcquire(n.Provider) {
-			return errFull
-		}
-		slot = true
 	case n.State == kv.NodeUsed && !draining:
 		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
 			return lc.reregister(ctx, e.Key, reg)
@@ -249,8 +234,8 @@ func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan 
 	if err != nil || claimed == nil {
 		return err
 	}
-	lc.launch(*claimed, slot)
-	slot = false // launch owns it now
+	lc.launch(*claimed, slot && claimed.Value.State == kv.NodeBuilding)
+	slot = slot && claimed.Value.State != kv.NodeBuilding // launch owns it now
 	return nil
 }
 
@@ -378,11 +363,6 @@ func (lc *lifecycle) reregister(ctx context.Context, id string, reg drivers.Regi
 	return nil
 }
 
-// tryAcquire takes a launch slot of a provider if one is free.
-func (lc *lifecycle) tryAcquire(provider string) bool {
-	return lc.slotsOf(provider).tryTake()
-}
-
 // noteWrite records the state a machine's write is about to give its node.
 func (lc *lifecycle) noteWrite(id string, state kv.NodeState) {
 	lc.mu.Lock()
@@ -475,43 +455,7 @@ func (lc *lifecycle) acquire(ctx context.Context, provider string) bool {
 }
 
 func (lc *lifecycle) release(provider string) {
-	if lc.slotsOf(provider).give() {
-		go lc.takeWanted(provider)
-	}
-}
-
-func (lc *lifecycle) want(provider, id string) {
-	lc.wantedMu.Lock()
-	defer lc.wantedMu.Unlock()
-	if len(lc.wanted[provider]) < maxWanted {
-		lc.wanted[provider] = append(lc.wanted[provider], id)
-	}
-}
-
-// takeWanted claims the oldest passed-over launch that still needs a
-// launcher, now that a slot is free.
-func (lc *lifecycle) takeWanted(provider string) {
-	for lc.ctx.Err() == nil {
-		lc.wantedMu.Lock()
-		q := lc.wanted[provider]
-		if len(q) == 0 {
-			lc.wantedMu.Unlock()
-			return
-		}
-		id := q[0]
-		lc.wanted[provider] = q[1:]
-		lc.wantedMu.Unlock()
-		e, ok := lc.l.nodes.Get(id)
-		if !ok || e.Value.State != kv.NodeBuilding || (e.Value.Launcher != "" && lc.l.alive(e.Value.Launcher)) {
-			continue // gone, or launched by another process meanwhile
-		}
-		if lc.reconcile(lc.ctx, e, "") == errFull {
-			lc.wantedMu.Lock()
-			lc.wanted[provider] = append([]string{id}, lc.wanted[provider]...)
-			lc.wantedMu.Unlock()
-		}
-		return
-	}
+	lc.slotsOf(provider).give()
 }
 
 // resumeOwn restarts the machines of nodes this process owned before a

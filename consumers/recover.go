@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -66,8 +65,7 @@ func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 // handlerPanicked handles a node change whose handling panicked: the node
 // gets the reason (a launch is failed with it), this process leaves it
 // alone for a while, and the change is acknowledged.
-func (lc *lifecycle) handlerPanicked(msg jetstream.Msg, p any) {
-	key := strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+".")
+func (lc *lifecycle) handlerPanicked(key string, msg jetstream.Msg, p any) {
 	lc.l.log.Error("handling a node change panicked; failing the node", "node", key, "panic", p, "stack", string(debug.Stack()))
 	lc.mu.Lock()
 	lc.panicked[key] = time.Now()

@@ -113,7 +113,8 @@ func (l *Launcher) Reload(cfg *config.Config, providers map[string]drivers.Provi
 	return nil
 }
 
-// runner is a pool scheduler or a driver manager, elected by its lease.
+// runner is a pool scheduler or a driver manager, elected by its lease,
+// or the puller of a provider's launches.
 type runner struct {
 	key    string // what it runs on: restarted when this changes
 	cancel context.CancelFunc
@@ -144,6 +145,13 @@ func (l *Launcher) syncRunners() (started, stopped []string) {
 				lease.Elect(ctx, safeLoop(l, "pool "+s.ref, s.run))
 			}
 		}
+	}
+	for i := range snap.cfg.Providers {
+		name := snap.cfg.Providers[i].Name
+		// The provider's launches, pulled as its slots free: one puller
+		// whatever a reload changes (max-concurrency is resized in place).
+		want["launches "+name] = "launches"
+		starts["launches "+name] = func(ctx context.Context) { l.lifecycle.pullLaunches(ctx, name) }
 	}
 	for name, drv := range snap.given {
 		m, ok := drivers.As[drivers.Manager](drv)

@@ -49,14 +49,12 @@ func (s *slots) take(ctx context.Context) bool {
 	}
 }
 
-// give gives a slot back; it reports whether the provider is bounded
-// (then a launch passed over may take the slot).
-func (s *slots) give() bool {
+// give gives a slot back.
+func (s *slots) give() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used--
 	s.wake()
-	return s.limit > 0
 }
 
 // setLimit changes the bound.

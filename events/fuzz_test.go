@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/nodepool-nats/nodepool/events"
 )
 
@@ -139,6 +141,40 @@ func FuzzParseAPICall(f *testing.F) {
 		}
 		if len(c.Holder) > events.MaxHolder || (c.Expire != nil && *c.Expire < 0) {
 			t.Fatalf("accepted %+v", c)
+		}
+	})
+}
+
+// FuzzParseWork: whatever arrives on the work stream, ParseWork returns
+// (no panic); what it accepts names a node whose launch subject is the
+// message's, at a positive revision; what it refuses says why.
+func FuzzParseWork(f *testing.F) {
+	f.Add("nodepool.work.c.launch.abc", "abc", "7")
+	f.Add("nodepool.work.c.launch.abc", "abd", "7")
+	f.Add("nodepool.work.c.launch.a=b", "a.b", "1")
+	f.Add("nodepool.work.c.launch.abc", "", "7")
+	f.Add("nodepool.work.c.launch.abc", "abc", "0")
+	f.Add("nodepool.work.c.launch.abc", "abc", "-1")
+	f.Add("nodepool.work.c.launch.abc", "abc", "18446744073709551616")
+	f.Add("nodepool.work.c.launch.a b", "a b", "3")
+	f.Add("nodepool.work.c.launch.", ".", "3")
+	f.Fuzz(func(t *testing.T, subject, node, rev string) {
+		h := nats.Header{}
+		h.Set(events.HeaderNode, node)
+		h.Set(events.HeaderRevision, rev)
+		w, err := events.ParseWork(subject, h)
+		if err != nil {
+			if !strings.Contains(err.Error(), subject) {
+				t.Fatalf("error %q does not name the subject %q", err, subject)
+			}
+			return
+		}
+		if w.Node != node || w.Revision == 0 || !strings.HasSuffix(subject, "."+strings.ReplaceAll(node, ".", "=")) {
+			t.Fatalf("accepted %q %q %q as %+v", subject, node, rev, w)
+		}
+		m := events.LaunchMsg("c", w.Node, w.Revision)
+		if back, err := events.ParseWork(m.Subject, m.Header); err != nil || back != w {
+			t.Fatalf("LaunchMsg(%+v) reads back as %+v, %v", w, back, err)
 		}
 	})
 }

@@ -76,6 +76,7 @@ func StreamConfigs(replicas int) []jetstream.StreamConfig {
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 		},
+		workStreamConfig(replicas),
 	}
 }
 

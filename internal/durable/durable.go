@@ -232,6 +232,44 @@ func (c *Consumer) Next(ctx context.Context, maxWait time.Duration) (jetstream.M
 	return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
+// Fetch asks for at most n messages, as jetstream.Consumer.Fetch does,
+// and runs handle for each as it comes, until n came or maxWait passed; it
+// returns how many came. Like Next, a long pull hears heartbeats, and a
+// consumer that is gone makes it return ErrUnavailable after a look.
+func (c *Consumer) Fetch(ctx context.Context, n int, maxWait time.Duration, handle func(jetstream.Msg)) (int, error) {
+	cons, _, made := c.current()
+	fctx, cancel := context.WithTimeout(ctx, maxWait)
+	defer cancel()
+	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
+	if maxWait >= 3*pullHeartbeat {
+		opts = append(opts, jetstream.FetchHeartbeat(pullHeartbeat))
+	}
+	batch, err := cons.Fetch(n, opts...)
+	got := 0
+	if err == nil {
+		for m := range batch.Messages() {
+			got++
+			handle(m)
+		}
+		err = batch.Error()
+	}
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		err = nil // maxWait passed
+	}
+	if err == nil || !gone(err) {
+		return got, err
+	}
+	c.maybeGone()
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-made:
+	case <-fctx.Done():
+	case <-t.C:
+	}
+	return got, fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
 // Stop stops taking messages (a running Consume is drained: the handler
 // has returned for every message it took) and stops watching the consumer.
 // Calling it again does nothing.
