@@ -15,7 +15,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/service"
@@ -591,11 +590,15 @@ func runScaleout(ctx context.Context, o Options, n int) ([]Result, error) {
 	return out, nil
 }
 
-// counts are what the node-lifecycle consumer and the launch consumers
-// (the work stream's) have delivered, and how many node record writes and
-// launch messages there have been.
+// oldLifecycleConsumer is the consumer of every node change that versions
+// before the work stream ran: the bench counts it when it drives one.
+const oldLifecycleConsumer = "node-lifecycle"
+
+// counts are what the node-lifecycle consumer (of versions before the
+// work stream) and the work stream's consumers have delivered, and how
+// many node record writes and work messages there have been.
 type counts struct {
-	lifecycle, writes, launches, launchMsgs uint64
+	lifecycle, writes, work, workMsgs uint64
 }
 
 // deliveryCounts reads the counts (a consumer a launcher has not made yet
@@ -606,14 +609,14 @@ func deliveryCounts(ctx context.Context, s *System) (counts, error) {
 	if c.writes, err = lastSeq(ctx, s, "KV_"+kv.BucketNodes); err != nil {
 		return c, err
 	}
-	if c.launchMsgs, err = lastSeq(ctx, s, events.WorkStream); err != nil {
+	if c.workMsgs, err = lastSeq(ctx, s, events.WorkStream); err != nil {
 		return c, err
 	}
-	lc, err := s.JS.Consumer(ctx, "KV_"+kv.BucketNodes, consumers.LifecycleConsumer)
+	lc, err := s.JS.Consumer(ctx, "KV_"+kv.BucketNodes, oldLifecycleConsumer)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 	case err != nil:
-		return c, fmt.Errorf("the %s consumer: %w", consumers.LifecycleConsumer, err)
+		return c, fmt.Errorf("the %s consumer: %w", oldLifecycleConsumer, err)
 	default:
 		ci, err := lc.Info(ctx)
 		if err != nil {
@@ -627,7 +630,7 @@ func deliveryCounts(ctx context.Context, s *System) (counts, error) {
 	}
 	infos := st.ListConsumers(ctx)
 	for ci := range infos.Info() {
-		c.launches += ci.Delivered.Consumer
+		c.work += ci.Delivered.Consumer
 	}
 	return c, infos.Err()
 }
@@ -649,10 +652,10 @@ func lastSeq(ctx context.Context, s *System, stream string) (uint64, error) {
 }
 
 // runQueued measures what a queue of launches behind max-concurrency
-// costs in deliveries: each node record write is delivered once to the
-// node-lifecycle consumer, and each launch once to a launch consumer
-// when a slot frees (before the work stream, a launch without a free
-// slot was delivered again and again).
+// costs in deliveries: each launch is delivered once to a launch consumer
+// when a slot frees, each delete once (before the work stream, every node
+// record write was delivered to the node-lifecycle consumer, and a launch
+// without a free slot again and again).
 func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
 	sc, _ := Lookup("queued")
 	var res Result
@@ -672,13 +675,16 @@ func runQueued(ctx context.Context, o Options, n int) ([]Result, error) {
 		}
 		per := func(a, b uint64) float64 { return float64(b-a) / float64(n) }
 		lifecycle, writes := per(c0.lifecycle, c1.lifecycle), per(c0.writes, c1.writes)
-		launches, launchMsgs := per(c0.launches, c1.launches), per(c0.launchMsgs, c1.launchMsgs)
-		redelivered := max(0, lifecycle-writes) + max(0, launches-launchMsgs)
+		work, workMsgs := per(c0.work, c1.work), per(c0.workMsgs, c1.workMsgs)
+		redelivered := max(0, work-workMsgs)
+		if lifecycle > 0 {
+			redelivered += max(0, lifecycle-writes)
+		}
 		res.addExtra(map[string]float64{
-			"deliveries_per_request":           lifecycle + launches,
+			"deliveries_per_request":           lifecycle + work,
 			"lifecycle_deliveries_per_request": lifecycle,
-			"launch_deliveries_per_request":    launches,
-			"launch_messages_per_request":      launchMsgs,
+			"work_deliveries_per_request":      work,
+			"work_messages_per_request":        workMsgs,
 			"writes_per_request":               writes,
 			"redeliveries_per_request":         redelivered,
 			"redeliveries_per_minute":          redelivered * float64(n) / res.Makespan.Minutes(),

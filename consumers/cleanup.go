@@ -189,8 +189,9 @@ func (c *cleanup) sweepCloud(ctx, deleteCtx context.Context, wg *sync.WaitGroup,
 	}
 }
 
-// handBack clears the launcher of nodes whose launcher is dead; the change
-// reaches the lifecycle group, where a live process claims them.
+// handBack clears the launcher of nodes whose launcher is dead; every
+// launcher's watch sees the change and asks for the node's work (work.go),
+// which a live process claims.
 func (c *cleanup) handBack(ctx context.Context) {
 	l := c.l
 	var orphans []string
@@ -276,19 +277,23 @@ func (c *cleanup) revisit(ctx context.Context) {
 	}
 }
 
-// notQueued leaves out of nodes due a revisit those waiting for a launch
-// whose message waits in the work stream: they wait for a free slot, not
-// for a message (with no stream to ask, for a later sweep).
+// notQueued leaves out of nodes due a revisit those whose work message
+// waits in the work stream: a launch waits for a free slot there, not for
+// a message (with no stream to ask, they wait for a later sweep).
 func (c *cleanup) notQueued(ctx context.Context, due []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
-	if !slices.ContainsFunc(due, func(e kv.Entry[kv.Node]) bool { return e.Value.State == kv.NodeBuilding }) {
+	if len(due) == 0 {
 		return due
 	}
-	queued, err := events.QueuedLaunches(ctx, c.l.js)
+	queued, err := events.QueuedWork(ctx, c.l.js)
 	if err != nil && ctx.Err() == nil {
-		c.l.log.Warn("could not list the queued launches; nodes waiting for one are looked at again next sweep", "err", err)
+		c.l.log.Warn("could not list the queued work; nodes waiting for work are looked at again next sweep", "err", err)
 	}
 	return slices.DeleteFunc(due, func(e kv.Entry[kv.Node]) bool {
-		return e.Value.State == kv.NodeBuilding && (err != nil || queued[e.Key])
+		kind := events.KindDelete
+		if e.Value.State == kv.NodeBuilding {
+			kind = events.KindLaunch
+		}
+		return err != nil || queued[events.Work{Kind: kind, Node: e.Key}]
 	})
 }
 

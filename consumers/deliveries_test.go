@@ -5,34 +5,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// lifecycleInfo reads the node-lifecycle consumer's counts.
-func (h *harness) lifecycleInfo() *jetstream.ConsumerInfo {
-	h.t.Helper()
-	c, err := h.js.Consumer(h.t.Context(), "KV_"+kv.BucketNodes, consumers.LifecycleConsumer)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	info, err := c.Info(h.t.Context())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return info
-}
-
-// TestDeliveriesPerNodeLifetime counts what the node-lifecycle consumer
-// delivers over whole node lifetimes (launched for a request, taken,
-// given back, deleted): every write of a node record is a delivery, and
-// so is every redelivery. Issue 19 asks for at most 3 (the launch, the
-// delete, one spare for a crash); today's design delivers every write,
-// the node's own ones included, so this test holds today's figure as a
-// ceiling, and the work queue of docs/work-queue.md lowers it.
+// TestDeliveriesPerNodeLifetime counts what the work stream's consumers
+// deliver over whole node lifetimes (launched for a request, taken, given
+// back, deleted): a node's own writes are no work, so a life is two
+// deliveries, its launch and its delete (issue 19 asks for at most 3, one
+// spare for a crash). Before the work stream, every write of a node
+// record was a delivery: seven.
 func TestDeliveriesPerNodeLifetime(t *testing.T) {
 	t.Parallel()
 	const nodes = 10
@@ -70,10 +52,10 @@ providers:
 			t.Fatal(err)
 		}
 	}
-	var info *jetstream.ConsumerInfo
-	h.until(30*time.Second, "every node deleted and every delivery acknowledged", func() bool {
-		info = h.lifecycleInfo()
-		return h.nodes.Len() == 0 && info.NumPending == 0 && info.NumAckPending == 0
+	var w workCounts
+	h.until(30*time.Second, "every node deleted and every work message acknowledged", func() bool {
+		w = h.workCounts()
+		return h.nodes.Len() == 0 && w.waiting == 0
 	})
 	stream, err := h.js.Stream(t.Context(), "KV_"+kv.BucketNodes)
 	if err != nil {
@@ -83,13 +65,13 @@ providers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	deliveries := float64(info.Delivered.Consumer) / nodes
+	deliveries := float64(w.delivered) / nodes
 	writes := float64(si.State.LastSeq) / nodes
-	t.Logf("per node lifetime: %.1f deliveries, %.1f record writes (deletes included)", deliveries, writes)
-	// Today: one delivery per write. The ceiling is today's figure with
-	// room for a retried write; issue 19 wants 3.
-	const ceiling = 8
-	if deliveries > ceiling {
-		t.Errorf("%.1f deliveries per node lifetime, want at most %d (issue 19: 3)", deliveries, ceiling)
+	t.Logf("per node lifetime: %.1f deliveries (%d work messages, %d redelivered), %.1f record writes (deletes included)", deliveries, w.published, w.redelivered, writes)
+	if deliveries > 3 {
+		t.Errorf("%.1f deliveries per node lifetime, want at most 3", deliveries)
+	}
+	if w.published != 2*nodes {
+		t.Errorf("%d work messages for %d node lifetimes; want a launch and a delete each", w.published, nodes)
 	}
 }

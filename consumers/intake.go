@@ -52,7 +52,7 @@ const (
 
 // startWorkers consumes a worker group's durable consumer (made again if
 // it is deleted, see internal/durable) with n workers.
-func startWorkers(ctx context.Context, cons *durable.Consumer, n int, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
+func startWorkers(ctx context.Context, cons *durable.Consumer, n int, expiry time.Duration, key func(jetstream.Msg) string, handle func(context.Context, jetstream.Msg)) (*workerPool, error) {
 	wp := &workerPool{queues: make([]chan jetstream.Msg, n), cons: cons}
 	for i := range wp.queues {
 		q := make(chan jetstream.Msg, 64)
@@ -67,7 +67,7 @@ func startWorkers(ctx context.Context, cons *durable.Consumer, n int, key func(j
 		h := fnv.New32a()
 		h.Write([]byte(key(msg)))
 		wp.queues[h.Sum32()%uint32(n)] <- msg
-	}, jetstream.PullMaxMessages(512), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
+	}, jetstream.PullMaxMessages(512), jetstream.PullExpiry(expiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		cons.Stop()
 		wp.close()
@@ -117,7 +117,7 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)
 	}
-	return startWorkers(ctx, cons, 32, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
+	return startWorkers(ctx, cons, 32, pullExpiry, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
 }
 
 // handleRequestMessage records one request message. Whatever the message

@@ -286,7 +286,7 @@ func (l *Launcher) run(parent context.Context) error {
 		intake.Stop()
 		return err
 	}
-	lc, err := l.lifecycle.start(ctx)
+	lc, err := l.lifecycle.startDeletes(ctx)
 	if err != nil {
 		intake.Stop()
 		endpoints.Stop()
@@ -294,7 +294,8 @@ func (l *Launcher) run(parent context.Context) error {
 	}
 	l.lifecycle.resumeOwn(ctx)
 	wg.Go(func() { l.lifecycle.watchOwn(ctx) })
-	wg.Go(func() { l.lifecycle.askLaunches(ctx) })
+	wg.Go(func() { l.lifecycle.askWork(ctx) })
+	wg.Go(func() { l.lifecycle.followMachines(ctx) })
 
 	l.reloadMu.Lock()
 	l.runCtx = ctx

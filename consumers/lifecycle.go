@@ -4,39 +4,32 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/drivers"
-	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// LifecycleConsumer is the durable consumer (worker group) of node changes.
-const LifecycleConsumer = "node-lifecycle"
-
 // errLost means the node is no longer this process's to change.
 var errLost = errors.New("node no longer owned by this launcher")
 
-// lifecycle runs the create and delete state machines of nodes. Launches
-// arrive on the work stream (launchwork.go); node changes arrive on
-// $KV.nodepool-nodes.>, where a node that needs a delete (deleting
-// without a live owner, used, failed, aborted) is claimed with a
-// revision-checked update that names this process as its launcher, and the
-// message is acknowledged once the claim is committed. The claim lives as
-// long as this process's heartbeat: when it stops, cleanup hands the node to
-// another process, which resumes the machine from the node's driver_data.
+// lifecycle runs the create and delete state machines of nodes. The
+// launches and deletes nodes need arrive on the work stream (work.go); a
+// node is claimed with a revision-checked update that names this process
+// as its launcher, and the message is acknowledged once the claim is
+// committed. The claim lives as long as this process's heartbeat: when it
+// stops, cleanup hands the node to another process, which resumes the
+// machine from the node's driver_data.
 //
 // A change that takes a node from a machine running here (an operator's
-// delete, a hand-over) stops that machine and is acknowledged only once
-// the node's next owner is recorded; a process that cannot renew its
-// heartbeat in time stops every machine and claims nothing (fencing, see
-// fence.go).
+// delete, a hand-over), seen by the process's watch, stops that machine
+// before the node's next owner is recorded; a process that cannot renew
+// its heartbeat in time stops every machine and claims nothing (fencing,
+// see fence.go).
 type lifecycle struct {
 	l *Launcher
 
@@ -52,6 +45,11 @@ type lifecycle struct {
 	// panicked holds nodes whose machine panicked here, and when
 	// (recover.go); guarded by mu.
 	panicked map[string]time.Time
+
+	// following and followAgain: nodes of machines running here being
+	// looked at after a change, and those changed again meanwhile
+	// (work.go, follow); guarded by mu.
+	following, followAgain map[string]bool
 }
 
 // run is a machine running for a node.
@@ -75,31 +73,10 @@ type run struct {
 const machineStopWait = 5 * time.Second
 
 func newLifecycle(l *Launcher) *lifecycle {
-	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{}}
+	lc := &lifecycle{l: l, runs: map[string]*run{}, panicked: map[string]time.Time{}, sems: map[string]*slots{},
+		following: map[string]bool{}, followAgain: map[string]bool{}}
 	lc.ctx, lc.stopRuns = context.WithCancel(context.Background())
 	return lc
-}
-
-func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
-	cons, err := durable.Open(ctx, lc.l.js, durable.Options{
-		Stream: "KV_" + kv.BucketNodes,
-		Config: jetstream.ConsumerConfig{
-			Durable:       LifecycleConsumer,
-			Description:   "node lifecycle: launches and deletes",
-			FilterSubject: "$KV." + kv.BucketNodes + ".>",
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWaitBackoff[0],
-			BackOff:       ackWaitBackoff,
-			MaxDeliver:    lifecycleMaxDeliver,
-			MaxAckPending: 20000,
-			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		},
-		Log: lc.l.log,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating node lifecycle consumer: %w", err)
-	}
-	return startWorkers(ctx, cons, 64, func(m jetstream.Msg) string { return m.Subject() }, lc.handle)
 }
 
 // stop cancels the machines in flight and waits for them: each stops after
@@ -107,47 +84,6 @@ func (lc *lifecycle) start(ctx context.Context) (stoppable, error) {
 func (lc *lifecycle) stop() {
 	lc.stopRuns()
 	lc.wg.Wait()
-}
-
-func (lc *lifecycle) handle(ctx context.Context, msg jetstream.Msg) {
-	defer func() {
-		if p := recover(); p != nil {
-			lc.handlerPanicked(strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+"."), msg, p)
-		}
-	}()
-	if op := msg.Headers().Get("KV-Operation"); op != "" {
-		lc.ack(msg) // deleted or purged: nothing left to do
-		return
-	}
-	meta, err := msg.Metadata()
-	if err != nil {
-		lc.ack(msg)
-		return
-	}
-	key := strings.TrimPrefix(msg.Subject(), "$KV."+kv.BucketNodes+".")
-	// The process's watch of the bucket has most often decoded this very
-	// revision already: decode only what it has not.
-	var n kv.Node
-	if cur, ok := lc.l.nodes.Get(key); ok && cur.Revision == meta.Sequence.Stream {
-		n = cur.Value
-	} else if n, err = kv.Decode[kv.Node](key, msg.Data()); err != nil {
-		lc.l.log.Error("node record is not valid; leaving it alone", "node", key, "err", err)
-		lc.ack(msg)
-		return
-	}
-	err = lc.reconcile(ctx, kv.Entry[kv.Node]{Key: key, Value: n, Revision: meta.Sequence.Stream}, "")
-	if err == nil {
-		lc.ack(msg)
-		return
-	}
-	// The claim was not written (this process lacks the node's provider,
-	// is stopping or fenced, a machine is still stopping, or the server
-	// did not answer): let this or another process have the change again.
-	// The delivery bound of the consumer ends a change that can never be
-	// handled; cleanup's revisit sweep brings back a node left so.
-	if err := msg.NakWithDelay(redeliveryDelay(meta.NumDelivered)); err != nil {
-		lc.l.log.Debug("nak failed; the change will be delivered again", "err", err)
-	}
 }
 
 func (lc *lifecycle) ack(msg jetstream.Msg) {

@@ -5,54 +5,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
-	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// ackPendingChanges acknowledges every node change waiting in the node
-// lifecycle consumer without acting on it, as a process killed right after
-// acknowledging would.
-func (h *harness) ackPendingChanges(want int) {
-	h.t.Helper()
-	// The consumer as a launcher makes it (a launcher updates the rest).
-	cons, err := h.js.CreateOrUpdateConsumer(h.t.Context(), "KV_"+kv.BucketNodes, jetstream.ConsumerConfig{
-		Durable: consumers.LifecycleConsumer, FilterSubject: "$KV." + kv.BucketNodes + ".>",
-		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	acked := 0
-	waitfor.Until(h.t, 20*time.Second, fmt.Sprintf("%d node changes acknowledged", want), func() bool {
-		batch, err := cons.Fetch(want-acked, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		for msg := range batch.Messages() {
-			if err := msg.DoubleAck(h.t.Context()); err != nil {
-				h.t.Fatal(err)
-			}
-			acked++
-		}
-		return acked >= want
-	}, waitfor.Detail(func() string { return fmt.Sprintf("acknowledged %d", acked) }))
-	if acked != want {
-		h.t.Fatalf("acknowledged %d node changes, want %d", acked, want)
-	}
-}
-
 // Every node that needs a launcher's work and has none is taken up, even
-// when the change that made it so was acknowledged by a process that died
-// before acting on it (an operator's delete during a launch, a launch
-// failed just before a crash, a node given back): each ends deleted with
-// its instance, or launched.
+// when it was written while no launcher ran (an operator's delete during
+// a launch, a launch failed just before a crash, a node given back): a
+// launcher that starts asks for the work of every such node, and each
+// ends deleted with its instance, or launched.
 func TestUnownedNodesAreTakenUp(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, `
@@ -100,7 +64,6 @@ providers:
 			t.Fatal(err)
 		}
 	}
-	h.ackPendingChanges(len(cases))
 	h.startLauncher("l1")
 	h.until(30*time.Second, "every unowned node deleted with its instance, the building one launched", func() bool {
 		if h.nodes.Len() != 1 || h.instanceCount("c") != 1 {

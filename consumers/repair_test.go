@@ -11,26 +11,31 @@ import (
 	"github.com/nodepool-nats/nodepool/consumers"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
-	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// The issue's case: a user deletes the node lifecycle consumer
-// (`nats consumer rm -f KV_nodepool-nodes node-lifecycle`). It is made
-// again at once, with a log line, and the next request is served, where it
-// used to stay pending with its node building for ever.
-func TestLifecycleConsumerDeletedIsMadeAgain(t *testing.T) {
+// The issue's case: a user deletes the consumer of the nodes' work (once
+// node-lifecycle: `nats consumer rm -f NODEPOOL_WORK deletes`). It is made
+// again at once, with a log line, and the next request is served and its
+// node deleted, where it used to stay for ever.
+func TestWorkConsumerDeletedIsMadeAgain(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, onePool)
-	log, logs := logtest.New(t)
-	h.log = log
-	h.startLauncher("l1")
-	h.serveOne(t, "before")
+	for _, name := range []string{events.DeleteConsumer, events.LaunchConsumer("cloud1")} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, onePool)
+			log, logs := logtest.New(t)
+			h.log = log
+			h.startLauncher("l1")
+			h.serveOne(t, "before")
 
-	if err := h.js.DeleteConsumer(t.Context(), "KV_"+kv.BucketNodes, consumers.LifecycleConsumer); err != nil {
-		t.Fatal(err)
+			if err := h.js.DeleteConsumer(t.Context(), events.WorkStream, name); err != nil {
+				t.Fatal(err)
+			}
+			logs.Wait(t, 10*time.Second, "WARN", "the consumer was missing; made it again", "consumer="+name)
+			h.serveOne(t, "after")
+			h.until(15*time.Second, "every node given back deleted", func() bool { return h.nodes.Len() == 0 })
+		})
 	}
-	logs.Wait(t, 10*time.Second, "WARN", "the consumer was missing; made it again", "consumer=node-lifecycle")
-	h.serveOne(t, "after")
 }
 
 // The intake consumer deleted is made again starting after the last

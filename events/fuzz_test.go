@@ -146,8 +146,9 @@ func FuzzParseAPICall(f *testing.F) {
 }
 
 // FuzzParseWork: whatever arrives on the work stream, ParseWork returns
-// (no panic); what it accepts names a node whose launch subject is the
-// message's, at a positive revision; what it refuses says why.
+// (no panic); what it accepts names a kind of work and a node whose
+// subject is the message's, at a positive revision; what it refuses says
+// why.
 func FuzzParseWork(f *testing.F) {
 	f.Add("nodepool.work.c.launch.abc", "abc", "7")
 	f.Add("nodepool.work.c.launch.abc", "abd", "7")
@@ -158,6 +159,9 @@ func FuzzParseWork(f *testing.F) {
 	f.Add("nodepool.work.c.launch.abc", "abc", "18446744073709551616")
 	f.Add("nodepool.work.c.launch.a b", "a b", "3")
 	f.Add("nodepool.work.c.launch.", ".", "3")
+	f.Add("nodepool.work.c.delete.abc", "abc", "9")
+	f.Add("nodepool.work.c.reboot.abc", "abc", "9")
+	f.Add("nodepool.work.c.d.launch.abc", "abc", "9")
 	f.Fuzz(func(t *testing.T, subject, node, rev string) {
 		h := nats.Header{}
 		h.Set(events.HeaderNode, node)
@@ -169,10 +173,10 @@ func FuzzParseWork(f *testing.F) {
 			}
 			return
 		}
-		if w.Node != node || w.Revision == 0 || !strings.HasSuffix(subject, "."+strings.ReplaceAll(node, ".", "=")) {
+		if w.Node != node || w.Revision == 0 || !strings.HasSuffix(subject, "."+w.Kind+"."+strings.ReplaceAll(node, ".", "=")) {
 			t.Fatalf("accepted %q %q %q as %+v", subject, node, rev, w)
 		}
-		m := events.LaunchMsg("c", w.Node, w.Revision)
+		m := events.WorkMsg(w.Kind, "c", w.Node, w.Revision)
 		if back, err := events.ParseWork(m.Subject, m.Header); err != nil || back != w {
 			t.Fatalf("LaunchMsg(%+v) reads back as %+v, %v", w, back, err)
 		}

@@ -13,12 +13,12 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/token"
 )
 
-// The work stream (docs/work-queue.md): a launch a pool's node needs is a
-// message here, taken by one launcher of the node's provider when it has
-// a free launch slot, so that launches beyond max-concurrency wait in the
-// stream, delivered to nobody. The stream keeps at most one message per
-// node and kind: a launch asked for again while one waits is refused, not
-// queued twice.
+// The work stream (docs/work-queue.md): the launch or the delete a node
+// needs is a message here, taken by one launcher that has the node's
+// provider: a launch when it has a free launch slot, so that launches
+// beyond max-concurrency wait in the stream, delivered to nobody. The
+// stream keeps at most one message per node and kind: work asked for
+// again while its message waits is refused, not queued twice.
 const (
 	WorkStream  = "NODEPOOL_WORK"
 	WorkSubject = "nodepool.work.>"
@@ -29,27 +29,40 @@ const (
 	HeaderRevision = "Nodepool-Revision"
 )
 
-// LaunchSubjects are the launches of a provider's nodes.
-func LaunchSubjects(provider string) string {
-	return "nodepool.work." + token.Encode(provider) + ".launch.*"
+// Kinds of work.
+const (
+	KindLaunch = "launch"
+	KindDelete = "delete"
+)
+
+// WorkSubjects are the subjects of a kind of work of a provider's nodes
+// (of every provider's when provider is "").
+func WorkSubjects(kind, provider string) string {
+	p := "*"
+	if provider != "" {
+		p = token.Encode(provider)
+	}
+	return "nodepool.work." + p + "." + kind + ".*"
 }
 
-// AllLaunchSubjects are the launches of every provider's nodes.
-const AllLaunchSubjects = "nodepool.work.*.launch.*"
-
-// LaunchSubject is the subject of a node's launch.
-func LaunchSubject(provider, node string) string {
-	return "nodepool.work." + token.Encode(provider) + ".launch." + token.Encode(node)
+// WorkSubjectOf is the subject of a kind of work of a node:
+// nodepool.work.<provider>.<kind>.<node>.
+func WorkSubjectOf(kind, provider, node string) string {
+	return "nodepool.work." + token.Encode(provider) + "." + kind + "." + token.Encode(node)
 }
 
 // LaunchConsumer names the durable consumer of a provider's launches,
 // shared by every launcher that has the provider.
 func LaunchConsumer(provider string) string { return "launch-" + token.Encode(provider) }
 
+// DeleteConsumer names the durable consumer of every provider's deletes,
+// shared by every launcher.
+const DeleteConsumer = "deletes"
+
 func workStreamConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 WorkStream,
-		Description:          "launches waiting for a launcher's free slot",
+		Description:          "launches and deletes of nodes, each waiting for a launcher",
 		Subjects:             []string{WorkSubject},
 		Retention:            jetstream.WorkQueuePolicy,
 		Discard:              jetstream.DiscardNew,
@@ -61,27 +74,33 @@ func workStreamConfig(replicas int) jetstream.StreamConfig {
 	}
 }
 
-// Work is a launch asked for: the node and the revision of its record.
+// Work is the work of a node asked for: its kind, the node and the
+// revision of its record that asked for it.
 type Work struct {
+	Kind     string
 	Node     string
 	Revision uint64
 }
 
-// LaunchMsg is the message asking for a node's launch at a revision of its
-// record. Its Nats-Msg-Id is the node and revision, so that launchers
-// asking for the same launch make one message.
-func LaunchMsg(provider, node string, rev uint64) *nats.Msg {
-	m := nats.NewMsg(LaunchSubject(provider, node))
+// WorkMsg is the message asking for a kind of work of a node at a
+// revision of its record. Its Nats-Msg-Id is the node, kind and revision,
+// so that launchers asking for the same work make one message.
+func WorkMsg(kind, provider, node string, rev uint64) *nats.Msg {
+	m := nats.NewMsg(WorkSubjectOf(kind, provider, node))
 	r := strconv.FormatUint(rev, 10)
-	m.Header.Set(jetstream.MsgIDHeader, node+".launch."+r)
+	m.Header.Set(jetstream.MsgIDHeader, node+"."+kind+"."+r)
 	m.Header.Set(HeaderNode, node)
 	m.Header.Set(HeaderRevision, r)
 	return m
 }
 
-// ParseWork reads a work message's node and revision, checking that its
-// subject is that node's.
+// ParseWork reads a work message's kind, node and revision, checking that
+// its subject is that node's.
 func ParseWork(subject string, h nats.Header) (Work, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 5 || parts[0] != "nodepool" || parts[1] != "work" || (parts[3] != KindLaunch && parts[3] != KindDelete) {
+		return Work{}, fmt.Errorf("work message on %s: expected nodepool.work.<provider>.%s|%s.<node>", subject, KindLaunch, KindDelete)
+	}
 	node := h.Get(HeaderNode)
 	if node == "" {
 		return Work{}, fmt.Errorf("work message on %s: no %s header; expected the node's id", subject, HeaderNode)
@@ -89,14 +108,14 @@ func ParseWork(subject string, h nats.Header) (Work, error) {
 	if !validNode(node) {
 		return Work{}, fmt.Errorf("work message on %s: header %s is %q; expected a node id (1 to 255 of A-Z a-z 0-9 - _ = / and inner dots)", subject, HeaderNode, node)
 	}
-	if !strings.HasSuffix(subject, "."+token.Encode(node)) {
+	if parts[4] != token.Encode(node) {
 		return Work{}, fmt.Errorf("work message on %s: header %s is %q, which is not the node of the subject", subject, HeaderNode, node)
 	}
 	rev, err := strconv.ParseUint(h.Get(HeaderRevision), 10, 64)
 	if err != nil || rev == 0 {
 		return Work{}, fmt.Errorf("work message on %s: header %s is %q; expected the record's revision, a positive integer", subject, HeaderRevision, h.Get(HeaderRevision))
 	}
-	return Work{Node: node, Revision: rev}, nil
+	return Work{Kind: parts[3], Node: node, Revision: rev}, nil
 }
 
 // validNode tells whether a node id is a key of the nodes bucket.
@@ -119,20 +138,22 @@ func Queued(err error) bool {
 	return errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum messages per subject exceeded")
 }
 
-// QueuedLaunches returns the nodes whose launch waits in the work stream,
-// by their subjects' node tokens.
-func QueuedLaunches(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
+// QueuedWork returns the work waiting in the work stream, by kind and
+// node.
+func QueuedWork(ctx context.Context, js jetstream.JetStream) (map[Work]bool, error) {
 	st, err := js.Stream(ctx, WorkStream)
 	if err != nil {
 		return nil, fmt.Errorf("opening stream %s: %w", WorkStream, err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(AllLaunchSubjects))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(WorkSubject))
 	if err != nil {
-		return nil, fmt.Errorf("listing the launches queued in stream %s: %w", WorkStream, err)
+		return nil, fmt.Errorf("listing the work queued in stream %s: %w", WorkStream, err)
 	}
-	queued := make(map[string]bool, len(info.State.Subjects))
+	queued := make(map[Work]bool, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
-		queued[token.Decode(subj[strings.LastIndexByte(subj, '.')+1:])] = true
+		if parts := strings.Split(subj, "."); len(parts) == 5 {
+			queued[Work{Kind: parts[3], Node: token.Decode(parts[4])}] = true
+		}
 	}
 	return queued, nil
 }

@@ -117,9 +117,8 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 // records, which makes a consumer per watch; the limits bound what a
 // buggy or hostile one can make: how many, and how long one lives idle
 // (a watch ends, or its consumer goes after this long without use). The
-// service's own consumers are as bound: its durable node-lifecycle
-// consumer is made again at every start if all launchers were down for
-// longer (it redelivers the last change of every node: nothing is lost).
+// node-lifecycle consumer of versions before the work stream is removed
+// so once no process of such a version pulls from it.
 const (
 	MaxBucketConsumers    = 10000
 	MaxConsumerInactivity = 24 * time.Hour

@@ -159,8 +159,8 @@ func TestDeletedDependenciesAreMadeAgain(t *testing.T) {
 		// written, if set, waits for what the process writes again.
 		written func(*testing.T, *repairing)
 	}{
-		{"consumer node-lifecycle", deleteConsumer("KV_"+kv.BucketNodes, "node-lifecycle"),
-			[]string{"WARN", "the consumer was missing; made it again", "consumer=node-lifecycle"}, false, nil},
+		{"consumer deletes", deleteConsumer(events.WorkStream, events.DeleteConsumer),
+			[]string{"WARN", "the consumer was missing; made it again", "consumer=deletes"}, false, nil},
 		{"consumer intake", deleteConsumer(events.RequestsStream, "intake"),
 			[]string{"WARN", "the consumer was missing; made it again", "consumer=intake"}, false, nil},
 		{"consumer launch-p", deleteConsumer(events.WorkStream, events.LaunchConsumer("p")),

@@ -66,7 +66,9 @@ func TestBenchScenarios(t *testing.T) {
 				if got, ok := r.Extra["replicas"]; !strings.HasPrefix(r.Scenario, "scale,") && (!ok || got != replicas) {
 					t.Errorf("the nodes bucket has %v replicas (reported: %v), want %v", got, ok, replicas)
 				}
-				if r.Scenario == "queued" && (r.Extra["deliveries_per_request"] < r.Extra["writes_per_request"] || r.Extra["writes_per_request"] < 5) {
+				// A launch and a delete per request, each a message of the
+				// work stream delivered at least once.
+				if r.Scenario == "queued" && (r.Extra["work_deliveries_per_request"] < 2 || r.Extra["work_messages_per_request"] < 2 || r.Extra["writes_per_request"] < 5) {
 					t.Errorf("queued extras: %+v", r.Extra)
 				}
 				if strings.HasPrefix(r.Scenario, "scale,") && (r.Extra["list_seconds"] <= 0 || r.Extra["restart_seconds"] <= 0 || r.Extra["list_lines"] < 300) {

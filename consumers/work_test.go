@@ -42,8 +42,7 @@ func (h *harness) workCounts() workCounts {
 // TestQueuedLaunchesAreDeliveredOnce: launches beyond max-concurrency wait
 // in the work stream instead of being delivered and refused again and
 // again. Two launchers of one provider, two slots each, twenty launches:
-// each launch is one message, delivered once, and the node-lifecycle
-// consumer delivers each record write once (nothing NAKed for a slot).
+// each launch is one message, delivered once (nothing NAKed for a slot).
 func TestQueuedLaunchesAreDeliveredOnce(t *testing.T) {
 	t.Parallel()
 	const n = 20
@@ -74,32 +73,21 @@ providers:
 		w = h.workCounts()
 		return w.waiting == 0 && w.delivered >= w.published
 	})
-	t.Logf("%d launches: %d launch messages, %d deliveries, %d redelivered", n, w.published, w.delivered, w.redelivered)
+	t.Logf("%d launches: %d work messages, %d deliveries, %d redelivered", n, w.published, w.delivered, w.redelivered)
 	if w.published != n {
 		t.Errorf("%d launch messages for %d launches; want one each", w.published, n)
 	}
 	if w.delivered != w.published || w.redelivered != 0 {
 		t.Errorf("%d launch messages were delivered %d times (%d redelivered); want once each", w.published, w.delivered, w.redelivered)
 	}
-	info := h.lifecycleInfo()
-	stream, err := h.js.Stream(t.Context(), "KV_"+kv.BucketNodes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	si, err := stream.Info(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Delivered.Consumer > si.State.LastSeq {
-		t.Errorf("node-lifecycle delivered %d changes of %d record writes: a change was delivered again", info.Delivered.Consumer, si.State.LastSeq)
-	}
 }
 
 // TestBadLaunchMessages: what arrives on the work stream from outside the
 // launchers (a malformed message, one for a node that does not exist,
-// one replayed for a node launched long ago) is dropped at once: it takes
-// no slot for good, launches nothing, loops nowhere, and the provider's
-// one slot still launches the next request.
+// one replayed for a node launched long ago, a delete of a node in use)
+// is dropped at once: it takes no slot for good, launches or deletes
+// nothing, loops nowhere, and the provider's one slot still launches the
+// next request.
 func TestBadLaunchMessages(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, `
@@ -129,10 +117,11 @@ providers:
 		{"node of another subject", "nodepool.work.c.launch.x2", map[string]string{events.HeaderNode: "y", events.HeaderRevision: "1"}},
 		{"no revision", "nodepool.work.c.launch.x3", map[string]string{events.HeaderNode: "x3"}},
 		{"revision not a number", "nodepool.work.c.launch.x4", map[string]string{events.HeaderNode: "x4", events.HeaderRevision: "soon"}},
-		{"node id not a key", events.LaunchSubject("c", "a/../b"), map[string]string{events.HeaderNode: "a/../b", events.HeaderRevision: "1"}},
+		{"node id not a key", events.WorkSubjectOf(events.KindLaunch, "c", "a/../b"), map[string]string{events.HeaderNode: "a/../b", events.HeaderRevision: "1"}},
 		{"node that does not exist", "nodepool.work.c.launch.nosuchnode", map[string]string{events.HeaderNode: "nosuchnode", events.HeaderRevision: "1"}},
-		{"node launched long ago", events.LaunchSubject("c", ready.Key), map[string]string{events.HeaderNode: ready.Key, events.HeaderRevision: fmt.Sprint(ready.Revision)}},
-		{"provider not configured", events.LaunchSubject("elsewhere", ready.Key), map[string]string{events.HeaderNode: ready.Key, events.HeaderRevision: fmt.Sprint(ready.Revision)}},
+		{"node launched long ago", events.WorkSubjectOf(events.KindLaunch, "c", ready.Key), map[string]string{events.HeaderNode: ready.Key, events.HeaderRevision: fmt.Sprint(ready.Revision)}},
+		{"delete of a node in use", events.WorkSubjectOf(events.KindDelete, "c", ready.Key), map[string]string{events.HeaderNode: ready.Key, events.HeaderRevision: fmt.Sprint(ready.Revision)}},
+		{"provider not configured", events.WorkSubjectOf(events.KindLaunch, "elsewhere", ready.Key), map[string]string{events.HeaderNode: ready.Key, events.HeaderRevision: fmt.Sprint(ready.Revision)}},
 	}
 	for _, b := range bad {
 		m := nats.NewMsg(b.subject)
@@ -157,7 +146,7 @@ providers:
 	if w := h.workCounts(); w.redelivered != 0 || w.delivered != w.published-1 {
 		t.Errorf("%d launch messages delivered %d times (%d redelivered); want each once but the one of a provider nobody has", w.published, w.delivered, w.redelivered)
 	}
-	if got := len(rec.Lines("launch message is not valid")); got != 5 {
+	if got := len(rec.Lines("work message is not valid")); got != 5 {
 		t.Errorf("%d launch messages refused as not valid; want 5", got)
 	}
 	if got := h.instancesEverCreated("c"); got != 2 {

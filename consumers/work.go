@@ -1,0 +1,363 @@
+package consumers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/durable"
+	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// Work arrives once (docs/work-queue.md). A node that needs a launcher's
+// work (a launch: building with no launcher; a delete: used, failed,
+// aborted, or deleting with no launcher) is a message on the work stream,
+// asked for by every launcher that has its provider, from its watch of
+// the nodes bucket: the server keeps one message per node, kind and
+// revision (Nats-Msg-Id) and per node and kind (one message per subject).
+// Each launcher of a provider pulls launches from the provider's durable
+// consumer only as many at a time as it has free launch slots: launches
+// beyond max-concurrency wait in the stream, delivered to nobody. Deletes
+// free capacity and are never held back: every launcher takes them from
+// one durable consumer as they come. A message is acknowledged once the
+// claim of its node is written; from then on the node's record is the
+// work (a launcher that dies is handed back by cleanup, which makes a new
+// revision and so a new message). A node's own writes are no work: a
+// node's life is two deliveries, its launch and its delete.
+
+// A work message is acknowledged once its claim is written, a moment
+// after it came, so its ack wait is short; and a pull lasts workPullExpiry
+// only. A process cut off from NATS (a partition: the server still sees
+// its pulls) takes what comes to its pulls until they expire, and that
+// comes back only after the ack wait: both bound how long work waits for
+// a process that cannot do it (about 10 s). The cost is an idle process
+// pulling twelve times a minute per work consumer.
+var workAckWait = []time.Duration{5 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
+
+const workPullExpiry = 5 * time.Second
+
+// maxPull bounds the messages one pull asks for when the provider has no
+// max-concurrency.
+const maxPull = 64
+
+// askBatch bounds the launches asked for before waiting for the server's
+// acknowledgements.
+const askBatch = 1000
+
+// asked is work asked for a node.
+type asked struct {
+	kind string
+	e    kv.Entry[kv.Node]
+}
+
+// wantsWork is the kind of work this process asks for a node ("" for
+// none): a launch of a node waiting for a launcher that this process
+// could launch, a delete of a node waiting for one whose provider this
+// process has (or drains).
+func (lc *lifecycle) wantsWork(n *kv.Node) string {
+	switch n.State {
+	case kv.NodeBuilding:
+		if n.Launcher != "" {
+			return ""
+		}
+		if _, draining, ok := lc.l.driverOf(n.Provider); ok && !draining && lc.l.launchable(n) {
+			return events.KindLaunch
+		}
+	case kv.NodeDeleting, kv.NodeUsed, kv.NodeFailed, kv.NodeAborted:
+		if n.State == kv.NodeDeleting && n.Launcher != "" {
+			return ""
+		}
+		if _, _, ok := lc.l.driverOf(n.Provider); ok {
+			return events.KindDelete
+		}
+	}
+	return ""
+}
+
+// askWork asks for the work of every node that waits for some, then of
+// each node a change makes wait, until ctx ends. Work asked for more than
+// once (by each launcher of the provider, or again after a restart) makes
+// one message.
+func (lc *lifecycle) askWork(ctx context.Context) {
+	sub := lc.l.nodes.Subscribe()
+	defer lc.l.nodes.Unsubscribe(sub)
+	var due []asked
+	lc.l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+		if kind := lc.wantsWork(&e.Value); kind != "" {
+			due = append(due, asked{kind, *e})
+		}
+		return true
+	})
+	for {
+		lc.ask(ctx, due)
+		select {
+		case <-ctx.Done():
+			return
+		case <-sub.C():
+		}
+		due = due[:0]
+		for _, ch := range sub.Drain() {
+			if ch.New == nil {
+				continue
+			}
+			if kind := lc.wantsWork(&ch.New.Value); kind != "" {
+				due = append(due, asked{kind, *ch.New})
+			}
+		}
+	}
+}
+
+// ask publishes the work of nodes, askBatch at a time. A publish that
+// fails is logged: cleanup's revisit sweep finds the node waiting, with no
+// message queued, and writes it again (a new revision asks again).
+func (lc *lifecycle) ask(ctx context.Context, due []asked) {
+	for len(due) > 0 && ctx.Err() == nil {
+		batch := due[:min(len(due), askBatch)]
+		due = due[len(batch):]
+		acks := make([]jetstream.PubAckFuture, 0, len(batch))
+		for _, a := range batch {
+			f, err := lc.l.js.PublishMsgAsync(events.WorkMsg(a.kind, a.e.Value.Provider, a.e.Key, a.e.Revision))
+			if err != nil {
+				lc.l.log.Warn("could not ask for a node's work; cleanup asks again", "node", a.e.Key, "work", a.kind, "err", err)
+				continue
+			}
+			acks = append(acks, f)
+		}
+		for _, f := range acks {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				if !events.Queued(err) {
+					lc.l.log.Warn("could not ask for a node's work; cleanup asks again", "node", f.Msg().Header.Get(events.HeaderNode), "subject", f.Msg().Subject, "err", err)
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// pullLaunches takes a provider's launches from the work stream, as many
+// at a time as the provider has free launch slots here, until ctx ends.
+func (lc *lifecycle) pullLaunches(ctx context.Context, provider string) {
+	cons, err := lc.openLaunches(ctx, provider)
+	if err != nil {
+		return // ctx ended
+	}
+	defer cons.Stop()
+	s := lc.slotsOf(provider)
+	for failures := 0; ctx.Err() == nil; {
+		if !s.take(ctx) {
+			return
+		}
+		n := 1
+		for n < maxPull && s.tryTake() {
+			n++
+		}
+		got, err := cons.Fetch(ctx, n, workPullExpiry, func(m jetstream.Msg) {
+			lc.wg.Go(func() { lc.handleLaunch(ctx, provider, m) })
+		})
+		for range n - got {
+			lc.release(provider)
+		}
+		if err == nil {
+			failures = 0
+			continue
+		}
+		if !errors.Is(err, durable.ErrUnavailable) && ctx.Err() == nil {
+			lc.l.log.Warn("could not pull launches; trying again", "provider", provider, "err", err)
+		}
+		wait.Sleep(ctx, wait.Backoff(failures))
+		failures++
+	}
+}
+
+// openLaunches opens a provider's launch consumer, trying again until
+// ctx ends.
+func (lc *lifecycle) openLaunches(ctx context.Context, provider string) (*durable.Consumer, error) {
+	for failures := 0; ; failures++ {
+		cons, err := durable.Open(ctx, lc.l.js, durable.Options{
+			Stream: events.WorkStream,
+			Config: jetstream.ConsumerConfig{
+				Durable:       events.LaunchConsumer(provider),
+				Description:   "launches of provider " + provider,
+				FilterSubject: events.WorkSubjects(events.KindLaunch, provider),
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       ackWaitBackoff[0],
+				BackOff:       ackWaitBackoff,
+				MaxDeliver:    lifecycleMaxDeliver,
+			},
+			Log: lc.l.log,
+		})
+		if err == nil {
+			return cons, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		lc.l.log.Warn("could not open the launch consumer; trying again", "provider", provider, "err", err)
+		if !wait.Sleep(ctx, wait.Backoff(failures)) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// handleLaunch claims the node of a launch message with the launch slot
+// taken for it (given back or passed to the launch).
+func (lc *lifecycle) handleLaunch(ctx context.Context, provider string, msg jetstream.Msg) {
+	lc.handleWork(ctx, msg, events.KindLaunch, provider)
+}
+
+// handleDelete claims the node of a delete message.
+func (lc *lifecycle) handleDelete(ctx context.Context, msg jetstream.Msg) {
+	lc.handleWork(ctx, msg, events.KindDelete, "")
+}
+
+// handleWork claims the node of a work message of a kind, and
+// acknowledges the message once the claim is written or the node needs
+// no such work from anyone; otherwise the message comes back. A launch
+// holds a slot of provider, which is given back or passed to the launch.
+func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, provider string) {
+	held := kind == events.KindLaunch
+	var w events.Work
+	defer func() {
+		if p := recover(); p != nil {
+			lc.handlerPanicked(w.Node, msg, p)
+		}
+		if held {
+			lc.release(provider)
+		}
+	}()
+	w, err := events.ParseWork(msg.Subject(), msg.Headers())
+	if err == nil && w.Kind != kind {
+		err = fmt.Errorf("work message on %s: a %s on the consumer of %s work", msg.Subject(), w.Kind, kind)
+	}
+	if err != nil {
+		lc.l.log.Error("work message is not valid; dropping it", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	e, err := lc.workRecord(ctx, w)
+	if err == nil {
+		slot := held
+		held = false // reconcile gives the slot back or passes it on
+		err = lc.reconcileWith(ctx, e, "", slot)
+	}
+	switch {
+	case err == nil:
+		lc.ack(msg)
+	case errors.Is(err, kv.ErrNotFound):
+		lc.ack(msg) // the node is gone
+	case errors.Is(err, kv.ErrBadRecord):
+		lc.l.log.Error("node record is not valid; leaving it alone", "node", w.Node, "err", err)
+		lc.ack(msg)
+	default:
+		// Not claimed here (this process is fenced or stopping, lacks the
+		// node's provider, pool or label, a machine of the node is still
+		// stopping, or the server did not answer): this or another
+		// process has it again.
+		meta, merr := msg.Metadata()
+		delay := redeliveryDelay(1)
+		if merr == nil {
+			delay = redeliveryDelay(meta.NumDelivered)
+		}
+		if err := msg.NakWithDelay(delay); err != nil {
+			lc.l.log.Debug("nak failed; the work will be delivered again", "err", err)
+		}
+	}
+}
+
+// startDeletes takes every provider's deletes from the work stream as
+// they come.
+func (lc *lifecycle) startDeletes(ctx context.Context) (stoppable, error) {
+	cons, err := durable.Open(ctx, lc.l.js, durable.Options{
+		Stream: events.WorkStream,
+		Config: jetstream.ConsumerConfig{
+			Durable:       events.DeleteConsumer,
+			Description:   "deletes of nodes",
+			FilterSubject: events.WorkSubjects(events.KindDelete, ""),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       workAckWait[0],
+			BackOff:       workAckWait,
+			MaxDeliver:    lifecycleMaxDeliver,
+		},
+		Log: lc.l.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the delete consumer: %w", err)
+	}
+	return startWorkers(ctx, cons, 16, workPullExpiry, func(m jetstream.Msg) string { return m.Subject() }, lc.handleDelete)
+}
+
+// followMachines looks at each change of a node whose machine runs here
+// and that the machine did not write itself (an operator deleted the node
+// under its create, cleanup handed it to another process, the launch
+// ended): the machine is stopped before anything else happens to the
+// node, and the node taken up again (reconcile).
+func (lc *lifecycle) followMachines(ctx context.Context) {
+	sub := lc.l.nodes.Subscribe()
+	defer lc.l.nodes.Unsubscribe(sub)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sub.C():
+		}
+		for _, ch := range sub.Drain() {
+			if ch.New == nil {
+				continue
+			}
+			if r := lc.running(ch.Key); r != nil && !lc.ownWrite(r, &ch.New.Value) {
+				lc.follow(ctx, ch.Key)
+			}
+		}
+	}
+}
+
+// follow reconciles a node whose machine runs here, once at a time per
+// node: a change that comes meanwhile is looked at when it is done.
+func (lc *lifecycle) follow(ctx context.Context, id string) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.following[id] {
+		lc.followAgain[id] = true
+		return
+	}
+	lc.following[id] = true
+	lc.wg.Go(func() {
+		for {
+			if e, ok := lc.l.nodes.Get(id); ok {
+				if err := lc.reconcile(ctx, e, ""); err != nil && ctx.Err() == nil {
+					lc.l.log.Debug("node left for its work message or cleanup", "node", id, "err", err)
+				}
+			}
+			lc.mu.Lock()
+			if !lc.followAgain[id] {
+				delete(lc.following, id)
+				lc.mu.Unlock()
+				return
+			}
+			delete(lc.followAgain, id)
+			lc.mu.Unlock()
+		}
+	})
+}
+
+// workRecord is a work message's node, at least at the revision that
+// asked for the work: the process's view of the bucket, or the server's
+// when the view is behind.
+func (lc *lifecycle) workRecord(ctx context.Context, w events.Work) (kv.Entry[kv.Node], error) {
+	if e, ok := lc.l.nodes.Get(w.Node); ok && e.Revision >= w.Revision {
+		return e, nil
+	}
+	e, err := lc.l.b.Nodes.Get(ctx, w.Node)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return e, fmt.Errorf("reading node %s: %w", w.Node, err)
+	}
+	return e, err
+}
