@@ -208,28 +208,13 @@ const pullHeartbeat = 5 * time.Second
 // ErrUnavailable (after a look at the consumer) when they stop. When there is no consumer to pull from, it waits a moment (for the
 // consumer to be made again, at most a second) and returns ErrUnavailable.
 func (c *Consumer) Next(ctx context.Context, maxWait time.Duration) (jetstream.Msg, error) {
-	cons, _, made := c.current()
-	fctx, cancel := context.WithTimeout(ctx, maxWait)
+	cons, made, fctx, opts, cancel := c.pull(ctx, maxWait)
 	defer cancel()
-	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
-	if maxWait >= 3*pullHeartbeat {
-		// A long pull lost with its server is noticed by the heartbeats
-		// it stops hearing, not only when it expires.
-		opts = append(opts, jetstream.FetchHeartbeat(pullHeartbeat))
-	}
 	msg, err := cons.Next(opts...)
 	if err == nil || !gone(err) {
 		return msg, err
 	}
-	c.maybeGone()
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case <-made:
-	case <-fctx.Done():
-	case <-t.C:
-	}
-	return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return nil, c.unavailable(fctx, made, err)
 }
 
 // Fetch asks for at most n messages, as jetstream.Consumer.Fetch does,
@@ -237,13 +222,8 @@ func (c *Consumer) Next(ctx context.Context, maxWait time.Duration) (jetstream.M
 // returns how many came. Like Next, a long pull hears heartbeats, and a
 // consumer that is gone makes it return ErrUnavailable after a look.
 func (c *Consumer) Fetch(ctx context.Context, n int, maxWait time.Duration, handle func(jetstream.Msg)) (int, error) {
-	cons, _, made := c.current()
-	fctx, cancel := context.WithTimeout(ctx, maxWait)
+	cons, made, fctx, opts, cancel := c.pull(ctx, maxWait)
 	defer cancel()
-	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
-	if maxWait >= 3*pullHeartbeat {
-		opts = append(opts, jetstream.FetchHeartbeat(pullHeartbeat))
-	}
 	batch, err := cons.Fetch(n, opts...)
 	got := 0
 	if err == nil {
@@ -259,6 +239,26 @@ func (c *Consumer) Fetch(ctx context.Context, n int, maxWait time.Duration, hand
 	if err == nil || !gone(err) {
 		return got, err
 	}
+	return got, c.unavailable(fctx, made, err)
+}
+
+// pull is the consumer to pull from now, the channel closed when it is
+// made again, and the context and options of a pull of maxWait.
+func (c *Consumer) pull(ctx context.Context, maxWait time.Duration) (jetstream.Consumer, <-chan struct{}, context.Context, []jetstream.FetchOpt, context.CancelFunc) {
+	cons, _, made := c.current()
+	fctx, cancel := context.WithTimeout(ctx, maxWait)
+	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
+	if maxWait >= 3*pullHeartbeat {
+		// A long pull lost with its server is noticed by the heartbeats
+		// it stops hearing, not only when it expires.
+		opts = append(opts, jetstream.FetchHeartbeat(pullHeartbeat))
+	}
+	return cons, made, fctx, opts, cancel
+}
+
+// unavailable has the consumer looked at after a pull said it may be gone,
+// waits a moment for it to be made again, and wraps the pull's error.
+func (c *Consumer) unavailable(fctx context.Context, made <-chan struct{}, err error) error {
 	c.maybeGone()
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
@@ -267,7 +267,7 @@ func (c *Consumer) Fetch(ctx context.Context, n int, maxWait time.Duration, hand
 	case <-fctx.Done():
 	case <-t.C:
 	}
-	return got, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // Stop stops taking messages (a running Consume is drained: the handler

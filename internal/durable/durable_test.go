@@ -229,6 +229,52 @@ func TestNextAfterTheConsumerWasDeleted(t *testing.T) {
 	})
 }
 
+// Fetch hands over what came within its wait, no more than it asked
+// for, and says nothing of a wait that ended with fewer; on a deleted
+// consumer it says ErrUnavailable, and the consumer made again serves the
+// next Fetch.
+func TestFetch(t *testing.T) {
+	js, _ := setup(t)
+	log, logs := logtest.New(t)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	for _, p := range []string{"a", "b", "c"} {
+		publish(t, js, p)
+	}
+	var got []string
+	take := func(m jetstream.Msg) {
+		got = append(got, string(m.Data()))
+		if err := m.DoubleAck(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := c.Fetch(t.Context(), 2, within, take); err != nil || n != 2 || !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("Fetch(2) of 3 waiting: %d %q, %v; want a and b", n, got, err)
+	}
+	got = nil
+	if n, err := c.Fetch(t.Context(), 5, 2*time.Second, take); err != nil || n != 1 || !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("Fetch(5) of 1 waiting: %d %q, %v; want c and no error", n, got, err)
+	}
+	if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fetch(t.Context(), 1, time.Second, take); !errors.Is(err, durable.ErrUnavailable) {
+		t.Fatalf("Fetch on a deleted consumer: %v, want ErrUnavailable", err)
+	}
+	logs.Wait(t, within, "the consumer was missing; made it again")
+	publish(t, js, "after")
+	// The consumer made again reads this stream (limits retention) from
+	// its start.
+	got = nil
+	waitfor.UntilErr(t, within, "the message published after from the consumer made again", func(context.Context) (bool, error) {
+		_, err := c.Fetch(t.Context(), 4, time.Second, take)
+		return slices.Contains(got, "after"), err
+	})
+}
+
 // Two processes consuming one durable consumer repair it at once: one
 // makes it, the other finds it made, and both go on consuming it. The one
 // that found it made is the one checked: with the one that made it
