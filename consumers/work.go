@@ -45,9 +45,12 @@ const workPullExpiry = 5 * time.Second
 // max-concurrency.
 const maxPull = 64
 
-// askBatch bounds the launches asked for before waiting for the server's
-// acknowledgements.
-const askBatch = 1000
+// askBatch bounds the work asked for before waiting for the server's
+// acknowledgements, and askAnswerWait how long they are waited for.
+const (
+	askBatch      = 1000
+	askAnswerWait = 10 * time.Second
+)
 
 // asked is work asked for a node.
 type asked struct {
@@ -128,17 +131,26 @@ func (lc *lifecycle) ask(ctx context.Context, due []asked) {
 			}
 			acks = append(acks, f)
 		}
-		for _, f := range acks {
+		// A publish whose answer never comes (the stream deleted while it
+		// was on its way) must not hold up the work asked after it.
+		answered := time.NewTimer(askAnswerWait)
+	waiting:
+		for i, f := range acks {
 			select {
 			case <-f.Ok():
 			case err := <-f.Err():
 				if !events.Queued(err) {
 					lc.l.log.Warn("could not ask for a node's work; cleanup asks again", "node", f.Msg().Header.Get(events.HeaderNode), "subject", f.Msg().Subject, "err", err)
 				}
+			case <-answered.C:
+				lc.l.log.Warn("the server did not answer asks for work; cleanup asks again for what was lost", "unanswered", len(acks)-i, "wait", askAnswerWait)
+				break waiting
 			case <-ctx.Done():
+				answered.Stop()
 				return
 			}
 		}
+		answered.Stop()
 	}
 }
 
