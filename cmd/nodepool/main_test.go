@@ -576,6 +576,10 @@ func TestRunRestartMidLaunch(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// Watching from before the requests: a watch that syncs
+				// on a busy machine after the 1.5 s boots would never see
+				// them booting.
+				rec := watchRecords(t, url, "cloud1")
 				for i := range 6 {
 					id := fmt.Sprintf("r%d", i)
 					msg := fmt.Sprintf(`{"id": %q, "labels": ["big", "small"]}`, id)
@@ -584,7 +588,6 @@ func TestRunRestartMidLaunch(t *testing.T) {
 					}
 					ids = append(ids, id)
 				}
-				rec := watchRecords(t, url, "cloud1")
 				rec.until(20*time.Second, "launches booting", func() bool { return rec.booting() >= 12 })
 			}()
 			_ = p.stop(sig, 20*time.Second)
