@@ -218,8 +218,14 @@ func TestZuulDeclines(t *testing.T) {
 	if got.State != "requested" {
 		t.Fatalf("request %s after the installation declined: %+v", id, got)
 	}
+	// The bridge writes its decline under the request's lock and lets it
+	// go a moment later; Nodepool's launcher, which does not wait for a
+	// lock either, tries again on its next pass.
 	var state string
-	py.Must(&state, "decline", map[string]any{"id": id, "launcher_id": "python-PoolWorker.python-cloud-main-1"})
+	e.waitFor(10*time.Second, "the other launcher's decline past the bridge's lock", func() bool {
+		py.Must(&state, "decline", map[string]any{"id": id, "launcher_id": "python-PoolWorker.python-cloud-main-1"})
+		return state != "locked"
+	})
 	if state != "failed" {
 		t.Fatalf("after every pool declined: %s", state)
 	}
