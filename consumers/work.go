@@ -193,19 +193,7 @@ func (lc *lifecycle) pullLaunches(ctx context.Context, provider string) {
 // ctx ends.
 func (lc *lifecycle) openLaunches(ctx context.Context, provider string) (*durable.Consumer, error) {
 	for failures := 0; ; failures++ {
-		cons, err := durable.Open(ctx, lc.l.js, durable.Options{
-			Stream: events.WorkStream,
-			Config: jetstream.ConsumerConfig{
-				Durable:       events.LaunchConsumer(provider),
-				Description:   "launches of provider " + provider,
-				FilterSubject: events.WorkSubjects(events.KindLaunch, provider),
-				AckPolicy:     jetstream.AckExplicitPolicy,
-				AckWait:       ackWaitBackoff[0],
-				BackOff:       ackWaitBackoff,
-				MaxDeliver:    lifecycleMaxDeliver,
-			},
-			Log: lc.l.log,
-		})
+		cons, err := lc.openWork(ctx, events.LaunchConsumer(provider), "launches of provider "+provider, events.WorkSubjects(events.KindLaunch, provider))
 		if err == nil {
 			return cons, nil
 		}
@@ -217,6 +205,24 @@ func (lc *lifecycle) openLaunches(ctx context.Context, provider string) (*durabl
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// openWork opens a durable consumer of the work stream (made again if it
+// is deleted), with the work consumers' ack wait and delivery bound.
+func (lc *lifecycle) openWork(ctx context.Context, name, description, subjects string) (*durable.Consumer, error) {
+	return durable.Open(ctx, lc.l.js, durable.Options{
+		Stream: events.WorkStream,
+		Config: jetstream.ConsumerConfig{
+			Durable:       name,
+			Description:   description,
+			FilterSubject: subjects,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       workAckWait[0],
+			BackOff:       workAckWait,
+			MaxDeliver:    lifecycleMaxDeliver,
+		},
+		Log: lc.l.log,
+	})
 }
 
 // handleLaunch claims the node of a launch message with the launch slot
@@ -287,19 +293,7 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 // startDeletes takes every provider's deletes from the work stream as
 // they come.
 func (lc *lifecycle) startDeletes(ctx context.Context) (stoppable, error) {
-	cons, err := durable.Open(ctx, lc.l.js, durable.Options{
-		Stream: events.WorkStream,
-		Config: jetstream.ConsumerConfig{
-			Durable:       events.DeleteConsumer,
-			Description:   "deletes of nodes",
-			FilterSubject: events.WorkSubjects(events.KindDelete, ""),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       workAckWait[0],
-			BackOff:       workAckWait,
-			MaxDeliver:    lifecycleMaxDeliver,
-		},
-		Log: lc.l.log,
-	})
+	cons, err := lc.openWork(ctx, events.DeleteConsumer, "deletes of nodes", events.WorkSubjects(events.KindDelete, ""))
 	if err != nil {
 		return nil, fmt.Errorf("creating the delete consumer: %w", err)
 	}
