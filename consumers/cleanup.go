@@ -21,10 +21,12 @@ import (
 // periodically in the one process holding the cleanup lease:
 //
 //   - nodes being launched or deleted by a launcher whose heartbeat expired
-//     are handed back (launcher cleared), so the lifecycle group resumes them;
-//   - nodes that need the lifecycle group's work and that nobody took up
-//     for two sweeps in a row are written again, unchanged, so the group
-//     sees them afresh (revisit);
+//     are handed back (launcher cleared), so that their work is asked for
+//     again and another launcher resumes them (work.go);
+//   - nodes that need a launcher's work that nobody took up for two sweeps
+//     in a row, and whose work message does not wait in the work stream,
+//     are written again, unchanged, which asks for the work again
+//     (revisit);
 //   - instances tagged as ours without a node record (or not the instance
 //     their node records) are deleted on their second sighting;
 //   - requests pending in a pool that no live launcher serves go back to
@@ -220,7 +222,7 @@ func (c *cleanup) handBack(ctx context.Context) {
 	}
 }
 
-// unowned reports whether a node needs the lifecycle group's work and has
+// unowned reports whether a node needs a launcher's work and has
 // no launcher on it: used, failed or aborted (to be deleted), or being
 // launched or deleted with no launcher named.
 func unowned(n *kv.Node) bool {

@@ -1,6 +1,7 @@
 // Package consumers runs the launcher's worker groups: request intake, one
-// scheduler per provider pool (led by a lease), the node lifecycle group that
-// runs create and delete state machines, min-ready and periodic cleanup.
+// scheduler per provider pool (led by a lease), the launches and deletes of
+// the work stream that run create and delete state machines, min-ready and
+// periodic cleanup.
 // Every handler is idempotent, every change is a revision-checked update, and
 // a message is acknowledged only after its effect is committed.
 package consumers

@@ -115,7 +115,7 @@ func (l *Launcher) needsWork(n *kv.Node) bool {
 
 // reconcile starts whatever work a node in this state needs from this
 // process, but a launch: a node waiting for a launcher is launched from
-// its message on the work stream (launchwork.go). See reconcileWith.
+// its message on the work stream (work.go). See reconcileWith.
 func (lc *lifecycle) reconcile(ctx context.Context, e kv.Entry[kv.Node], orphan string) error {
 	return lc.reconcileWith(ctx, e, orphan, false)
 }
@@ -160,18 +160,18 @@ func (lc *lifecycle) reconcileWith(ctx context.Context, e kv.Entry[kv.Node], orp
 	if err != nil || drv == nil {
 		return err
 	}
-	switch {
-	case n.State == kv.NodeUsed && !draining:
-		if reg, ok := drivers.As[drivers.Registrar](drv); ok {
-			return lc.reregister(ctx, e.Key, reg)
-		}
+	if reg, ok := drivers.As[drivers.Registrar](drv); ok && n.State == kv.NodeUsed && !draining {
+		return lc.reregister(ctx, e.Key, reg)
 	}
 	claimed, err := lc.claim(ctx, e, orphan)
 	if err != nil || claimed == nil {
 		return err
 	}
-	lc.launch(*claimed, slot && claimed.Value.State == kv.NodeBuilding)
-	slot = slot && claimed.Value.State != kv.NodeBuilding // launch owns it now
+	// The slot goes with a launch; a node that moved on to a delete
+	// meanwhile gives it back.
+	pass := slot && claimed.Value.State == kv.NodeBuilding
+	lc.launch(*claimed, pass)
+	slot = slot && !pass
 	return nil
 }
 

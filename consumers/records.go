@@ -14,8 +14,8 @@ import (
 //
 //   - a node record that does not decode, or has a problem (kv.Node.Problem:
 //     an unknown state, no provider, resources below zero), is failed with
-//     the reason (its instance, if it names one, is deleted by the
-//     lifecycle group like any failed node's) or, when it names no
+//     the reason (its instance, if it names one, is deleted by a
+//     launcher like any failed node's) or, when it names no
 //     provider, or a provider not configured and no instance, deleted (an
 //     instance it named is tagged with its provider, whose leak sweep
 //     finds it);
@@ -136,8 +136,8 @@ func (c *cleanup) unaccountableRequests(now time.Time) []requestFix {
 
 // failedNode is what a node record nothing accounts for becomes: failed,
 // owned by nobody and allocated to nobody (its request plans another
-// node), with what it names in the cloud kept so that the lifecycle group
-// deletes that.
+// node), with what it names in the cloud kept so that a launcher's delete
+// removes that.
 func failedNode(key string, n *kv.Node, now time.Time) *kv.Node {
 	out := n.Clone()
 	out.ID = key

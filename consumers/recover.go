@@ -62,9 +62,9 @@ func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 	}
 }
 
-// handlerPanicked handles a node change whose handling panicked: the node
-// gets the reason (a launch is failed with it), this process leaves it
-// alone for a while, and the change is acknowledged.
+// handlerPanicked handles a work message whose handling panicked: the
+// node gets the reason (a launch is failed with it), this process leaves
+// it alone for a while, and the message is acknowledged.
 func (lc *lifecycle) handlerPanicked(key string, msg jetstream.Msg, p any) {
 	lc.l.log.Error("handling a node change panicked; failing the node", "node", key, "panic", p, "stack", string(debug.Stack()))
 	lc.mu.Lock()

@@ -15,13 +15,13 @@ import (
 //     1 min (about 4 minutes in all); the last delivery records the
 //     request as failed, with the reason and without its requestor_data,
 //     and acknowledges it;
-//   - node lifecycle and launches: at most lifecycleMaxDeliver
-//     deliveries, NAKed 100 ms doubling up to 5 s (a change or a launch
-//     that needs a process with the node's provider, pool or label, or
-//     one that is not fenced, is delivered again this way; a launch
-//     waiting for a slot of max-concurrency is not delivered at all, see
-//     launchwork.go); a change dropped past the bound leaves a node that
-//     cleanup's revisit sweep writes again, which makes a fresh message.
+//   - launches and deletes (the work stream): at most lifecycleMaxDeliver
+//     deliveries, NAKed 100 ms doubling up to 5 s (work that needs a
+//     process with the node's provider, pool or label, or one that is not
+//     fenced, is delivered again this way; a launch waiting for a slot of
+//     max-concurrency is not delivered at all, see work.go); work dropped
+//     past the bound leaves a node that cleanup's revisit sweep writes
+//     again, which asks for it again.
 const (
 	intakeMaxDeliver    = 10
 	lifecycleMaxDeliver = 100

@@ -172,7 +172,7 @@ func (lc *lifecycle) pullLaunches(ctx context.Context, provider string) {
 			n++
 		}
 		got, err := cons.Fetch(ctx, n, workPullExpiry, func(m jetstream.Msg) {
-			lc.wg.Go(func() { lc.handleLaunch(ctx, provider, m) })
+			lc.wg.Go(func() { lc.handleWork(ctx, m, events.KindLaunch, provider) })
 		})
 		for range n - got {
 			lc.release(provider)
@@ -223,12 +223,6 @@ func (lc *lifecycle) openWork(ctx context.Context, name, description, subjects s
 		},
 		Log: lc.l.log,
 	})
-}
-
-// handleLaunch claims the node of a launch message with the launch slot
-// taken for it (given back or passed to the launch).
-func (lc *lifecycle) handleLaunch(ctx context.Context, provider string, msg jetstream.Msg) {
-	lc.handleWork(ctx, msg, events.KindLaunch, provider)
 }
 
 // handleDelete claims the node of a delete message.

@@ -95,6 +95,18 @@ func openConsuming(t *testing.T, js jetstream.JetStream, resume bool, r *receive
 	return c, rec
 }
 
+// openPulling opens the test's consumer for Next and Fetch (no Consume).
+func openPulling(t *testing.T, js jetstream.JetStream) (*durable.Consumer, *logtest.Recorder) {
+	t.Helper()
+	log, logs := logtest.New(t)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c, logs
+}
+
 // A consumer deleted under a running Consume is made again at once, with a
 // log line, and the messages published afterwards are handled.
 func TestDeletedConsumerIsMadeAgain(t *testing.T) {
@@ -201,16 +213,11 @@ func TestConsumerOfAStreamMadeAgain(t *testing.T) {
 // calls get the messages from the consumer made again.
 func TestNextAfterTheConsumerWasDeleted(t *testing.T) {
 	js, _ := setup(t)
-	log, logs := logtest.New(t)
-	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c, logs := openPulling(t, js)
 	if err := js.DeleteConsumer(t.Context(), "WORK", "workers"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.Next(t.Context(), time.Second)
+	_, err := c.Next(t.Context(), time.Second)
 	if !errors.Is(err, durable.ErrUnavailable) {
 		t.Fatalf("Next on a deleted consumer: %v, want ErrUnavailable", err)
 	}
@@ -235,12 +242,7 @@ func TestNextAfterTheConsumerWasDeleted(t *testing.T) {
 // next Fetch.
 func TestFetch(t *testing.T) {
 	js, _ := setup(t)
-	log, logs := logtest.New(t)
-	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c, logs := openPulling(t, js)
 	for _, p := range []string{"a", "b", "c"} {
 		publish(t, js, p)
 	}
