@@ -177,7 +177,7 @@ func (h *harness) startBuilder(id string, cfg *config.Config, change func(*build
 	}
 	_, js := h.srv.Connect(h.t)
 	ctx, cancel := context.WithCancel(context.Background())
-	providers, err := service.NewProviders(ctx, js, cfg, 1, testLog(h.t))
+	providers, err := service.NewProviders(ctx, js, cfg, service.DriverOptions{Replicas: 1, Log: testLog(h.t)})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func (h *harness) reload(l *launcher, yaml string) *config.Config {
 			next[pc.Name] = l.Providers[pc.Name]
 			continue
 		}
-		drv, err := service.NewProvider(h.t.Context(), h.js, pc, 1, testLog(h.t))
+		drv, err := service.NewProvider(h.t.Context(), h.js, pc, service.DriverOptions{Replicas: 1, Log: testLog(h.t)})
 		if err != nil {
 			h.t.Fatal(err)
 		}

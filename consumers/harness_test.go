@@ -200,15 +200,6 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	providers, err := service.NewProviders(ctx, js, cfg, 1, h.launcherLog())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if h.wrap != nil {
-		for name, p := range providers {
-			providers[name] = h.wrap(name, p)
-		}
-	}
 	b, err := kv.Open(ctx, js)
 	if err != nil {
 		h.t.Fatal(err)
@@ -217,18 +208,35 @@ func (h *harness) startLauncherVia(id string, cfg *config.Config, url string) *l
 		h.t.Fatal(err)
 	}
 	opts := consumers.Options{
-		ID: id, Config: cfg, Providers: providers, LeaseTTL: leaseTTL,
+		ID: id, Config: cfg, LeaseTTL: leaseTTL,
 		SyncInterval: 200 * time.Millisecond, Log: h.launcherLog().With("launcher", id),
-		NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-			p, err := service.NewProvider(ctx, js, pc, 1, h.launcherLog())
+	}
+	if h.options != nil {
+		h.options(&opts)
+	}
+	// The drivers go by the launcher's clock (a fake one's metastatic
+	// manager takes its passes as the test moves it).
+	dopts := service.DriverOptions{Replicas: 1, Clock: opts.Clock, Log: h.launcherLog()}
+	providers, err := service.NewProviders(ctx, js, cfg, dopts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if h.wrap != nil {
+		for name, p := range providers {
+			providers[name] = h.wrap(name, p)
+		}
+	}
+	if opts.Providers == nil {
+		opts.Providers = providers
+	}
+	if opts.NewDriver == nil {
+		opts.NewDriver = func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
+			p, err := service.NewProvider(ctx, js, pc, dopts)
 			if err != nil {
 				return nil, err
 			}
 			return drivers.Share(p), nil
-		},
-	}
-	if h.options != nil {
-		h.options(&opts)
+		}
 	}
 	l, err := consumers.NewLauncher(js, b, opts)
 	if err != nil {

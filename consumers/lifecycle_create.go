@@ -84,7 +84,7 @@ func (lc *lifecycle) startCreate(ctx context.Context, e kv.Entry[kv.Node], u pro
 	c := &createRun{
 		lc: lc, id: e.Key, n: n, u: u,
 		log:          l.log.With("node", e.Key, "provider", n.Provider, "pool", n.Pool),
-		attemptStart: time.Now(), saved: n.DriverData, savedAttempt: e.Value.Attempt,
+		attemptStart: l.clock.Now(), saved: n.DriverData, savedAttempt: e.Value.Attempt,
 	}
 	_, c.idempotent = drivers.As[drivers.Idempotent](u.drv)
 	what := "launch started"
@@ -140,7 +140,7 @@ func isCloudWait(err error) bool {
 }
 
 func (c *createRun) withinBootTimeout() bool {
-	return time.Since(c.attemptStart) <= c.u.cfg.BootTimeout.D()
+	return c.lc.l.clock.Since(c.attemptStart) <= c.u.cfg.BootTimeout.D()
 }
 
 // pause waits d before the step is made again.
@@ -206,7 +206,7 @@ func (c *createRun) attemptFailed(ctx context.Context, attemptErr error) (stop b
 		lc.failLaunch(ctx, &c.n, fmt.Errorf("cannot start the create machine: %w", err))
 		return true, ""
 	}
-	c.saved, c.savedAttempt, c.attemptStart = nil, c.n.Attempt, time.Now()
+	c.saved, c.savedAttempt, c.attemptStart = nil, c.n.Attempt, c.lc.l.clock.Now()
 	return false, ""
 }
 
@@ -245,7 +245,7 @@ func (c *createRun) progress(ctx context.Context, st drivers.Step) (stop bool, o
 		c.n = ne.Value
 		c.saved, c.savedAttempt = state, c.n.Attempt
 	}
-	untilTimeout := c.u.cfg.BootTimeout.D() - time.Since(c.attemptStart) + time.Millisecond
+	untilTimeout := c.u.cfg.BootTimeout.D() - c.lc.l.clock.Since(c.attemptStart) + time.Millisecond
 	if !wait.Sleep(ctx, max(0, min(st.Wait, 2*time.Second, untilTimeout))) {
 		return true, ""
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/metastatic"
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
-	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -352,23 +351,16 @@ func TestMetastaticBackingRequestFails(t *testing.T) {
 	})
 }
 
-// untilTime waits, with a deadline, for a condition that time alone makes
-// true, checking it on every record change and every 50 ms.
-func (h *harness) untilTime(timeout time.Duration, what string, cond func() bool) {
-	h.t.Helper()
-	waitfor.Until(h.t, timeout, what, cond, waitfor.Every(50*time.Millisecond), waitfor.Detail(h.dump))
-}
-
 // A backing node past max-age takes no new slots and goes back as soon as
 // it is empty, grace-time or not; one within min-retention-time stays even
-// when idle past its grace-time.
+// when idle past its grace-time. The launcher and its metastatic manager go
+// by a fake clock: a backing node grows old only when the test moves it,
+// however long a busy machine takes to serve the requests.
 func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 	t.Parallel()
 	t.Run("max-age", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 600\n            max-age: 1\n"))
-		// A third backing node showed up once under load (a duplicate
-		// backing request?): a failure prints the launcher's log.
+		h, clk := newFakeClockHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 600\n            max-age: 1\n"))
 		h.recordLog()
 		h.startLauncher("l1")
 		first := h.requestSmall(1)
@@ -377,7 +369,13 @@ func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 			backingA = id
 		}
 		a, _ := h.node(backingA)
-		h.untilTime(10*time.Second, "the backing node past max-age", func() bool { return time.Since(a.Created) > 1100*time.Millisecond })
+		if age := clk.Since(a.Created); age >= time.Second {
+			t.Fatalf("backing node %s is %s old on the fake clock before the test moved it", backingA, age)
+		}
+		if got := h.instancesEverCreated("cloud"); got != 1 {
+			t.Fatalf("%d backing instances for one node, want 1\n%s", got, h.dump())
+		}
+		clk.Set(a.Created.Add(1100 * time.Millisecond))
 		second := h.requestSmall(1)
 		backingOf := h.checkCarved()
 		if backingOf[second[0]] == backingA || h.instancesEverCreated("cloud") != 2 {
@@ -397,20 +395,22 @@ func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 	t.Run("min-retention-time", func(t *testing.T) {
 		t.Parallel()
 		const retention = 2 * time.Second
-		h := newHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 0\n            min-retention-time: 2\n"))
+		h, clk := newFakeClockHarness(t, metaConfig("0.05", "            max-parallel-jobs: 4\n            grace-time: 0\n            min-retention-time: 2\n"))
 		h.startLauncher("l1")
 		released := h.watchReleases()
 		nodes := h.requestSmall(1)
 		if err := h.client.Return(t.Context(), nodes[0]); err != nil {
 			t.Fatal(err)
 		}
-		h.until(15*time.Second, "the backing node given back", func() bool { return len(released()) == 1 })
+		// The clock moves a sync interval at a time (each a pass of the
+		// manager) until the idle backing node goes back.
+		h.untilSwept(clk, 15*time.Second, "the backing node given back", func() bool { return len(released()) == 1 })
 		// Nodepool counts min-retention-time from the backing node's
 		// launch (its record's creation), not from when the driver took
-		// it, which a loaded machine can make 200 ms later and more.
+		// it.
 		for id, d := range released() {
-			if d.Released.Sub(d.created) < retention {
-				t.Errorf("backing node %s given back %s after it was launched; min-retention-time is %s", id, d.Released.Sub(d.created), retention)
+			if age := d.Released.Sub(d.created); age < retention {
+				t.Errorf("backing node %s given back %s after it was launched; min-retention-time is %s", id, age, retention)
 			}
 		}
 	})

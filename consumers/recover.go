@@ -38,7 +38,7 @@ func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 		// A failed create is deleted at once; a delete that panicked is
 		// left alone here for a while.
 		lc.mu.Lock()
-		lc.panicked[e.Key] = time.Now()
+		lc.panicked[e.Key] = lc.l.clock.Now()
 		lc.mu.Unlock()
 	}
 	reason := panicReason(p)
@@ -68,7 +68,7 @@ func (lc *lifecycle) machinePanicked(e kv.Entry[kv.Node], p any) {
 func (lc *lifecycle) handlerPanicked(key string, msg jetstream.Msg, p any) {
 	lc.l.log.Error("handling a node change panicked; failing the node", "node", key, "panic", p, "stack", string(debug.Stack()))
 	lc.mu.Lock()
-	lc.panicked[key] = time.Now()
+	lc.panicked[key] = lc.l.clock.Now()
 	lc.mu.Unlock()
 	reason := panicReason(p)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(lc.ctx), 10*time.Second)
@@ -94,7 +94,7 @@ func (lc *lifecycle) quarantined(id string) bool {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	at, ok := lc.panicked[id]
-	if ok && time.Since(at) > quarantine {
+	if ok && lc.l.clock.Since(at) > quarantine {
 		delete(lc.panicked, id)
 		return false
 	}

@@ -398,7 +398,9 @@ providers:
 
 // boot-timeout fails an attempt and launch-timeout ends the retries; each
 // failed instance is deleted before the next attempt; after the last the
-// request fails with the reason.
+// request fails with the reason. The launcher goes by a fake clock, which
+// the test moves a sync interval at a time: the timeouts run out only as
+// it moves, whatever a busy machine does meanwhile.
 func TestLaunchTimeouts(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -411,18 +413,21 @@ func TestLaunchTimeouts(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, fmt.Sprintf(`
+			h, clk := newFakeClockHarness(t, fmt.Sprintf(`
 labels: [{name: small}]
 providers:
   - name: c
     driver: fake
-    boot-delay: 30
+    boot-delay: 3600
     %s
     pools: [{name: p, labels: [small]}]
 `, c.keys))
 			l := h.startLauncher("l1")
 			id := h.submit(events.RequestMessage{Labels: []string{"small"}})
-			h.waitDone(30*time.Second, id)
+			h.untilSwept(clk, 30*time.Second, "the request failed", func() bool {
+				r, _ := h.request(id)
+				return r.State == kv.RequestFailed || r.State == kv.RequestFulfilled
+			})
 			r, _ := h.request(id)
 			if r.State != kv.RequestFailed || !strings.Contains(r.Reason, c.reason) {
 				t.Fatalf("request = %s %q, want failed with %q", r.State, r.Reason, c.reason)

@@ -44,7 +44,7 @@ providers:
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if _, err := service.NewProvider(t.Context(), nil, &cfg.Providers[1], 1, log); err == nil || !strings.Contains(err.Error(), `provider k8s: context "admin"`) {
+	if _, err := service.NewProvider(t.Context(), nil, &cfg.Providers[1], service.DriverOptions{Replicas: 1, Log: log}); err == nil || !strings.Contains(err.Error(), `provider k8s: context "admin"`) {
 		t.Errorf("NewProvider: %v", err)
 	}
 	srv := natstest.Start(t)
@@ -60,7 +60,7 @@ providers:
 	// The context the kubeconfig has: the driver is made (nothing is
 	// called before a launch).
 	cfg.Providers[1].Context = "other"
-	drv, err := service.NewProvider(t.Context(), nil, &cfg.Providers[1], 1, log)
+	drv, err := service.NewProvider(t.Context(), nil, &cfg.Providers[1], service.DriverOptions{Replicas: 1, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/nodepool-nats/nodepool/drivers/openstack"
 	"github.com/nodepool-nats/nodepool/drivers/static"
 	"github.com/nodepool-nats/nodepool/events"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
@@ -151,7 +152,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// Zuul alone needs none.
 	p.providers = map[string]drivers.Provider{}
 	if s.HasRole(config.RoleLauncher) || s.HasRole(config.RoleBuilder) {
-		if p.providers, err = newProviders(ctx, p.js, cfg, s.Replicas, p.views, log); err != nil {
+		if p.providers, err = NewProviders(ctx, p.js, cfg, DriverOptions{Replicas: s.Replicas, Views: p.views, Log: log}); err != nil {
 			return nil, err
 		}
 	}
@@ -167,7 +168,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 			NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-				drv, err := newProvider(ctx, p.js, pc, s.Replicas, p.views, log)
+				drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: s.Replicas, Views: p.views, Log: log})
 				if err != nil {
 					return nil, err
 				}
@@ -262,19 +263,29 @@ func (p *Process) keepFake(cfg *config.Config) {
 	p.fakeKept = next
 }
 
-// NewProviders constructs the driver of every provider of the
-// configuration.
-func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, replicas int, log *slog.Logger) (map[string]drivers.Provider, error) {
-	return newProviders(ctx, js, cfg, replicas, nil, log)
+// DriverOptions are what the drivers of a configuration's providers are
+// made with besides their configuration.
+type DriverOptions struct {
+	// Replicas of the buckets a driver makes (the fake cloud's).
+	Replicas int
+	// Views are the process's views of the records, which the static and
+	// metastatic drivers read instead of caches of their own (nil: their
+	// own).
+	Views *kv.Views
+	// Clock is the time the metastatic driver goes by (nil: the real
+	// one); a launcher given a fake clock in a test gives its
+	// metastatic providers the same.
+	Clock clock.Clock
+	Log   *slog.Logger
 }
 
-// newProviders is NewProviders with the process's views, which the static
-// and metastatic drivers read instead of caches of their own.
-func newProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, replicas int, views *kv.Views, log *slog.Logger) (map[string]drivers.Provider, error) {
+// NewProviders constructs the driver of every provider of the
+// configuration.
+func NewProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Config, o DriverOptions) (map[string]drivers.Provider, error) {
 	out := map[string]drivers.Provider{}
 	for i := range cfg.Providers {
 		pc := &cfg.Providers[i]
-		p, err := newProvider(ctx, js, pc, replicas, views, log)
+		p, err := NewProvider(ctx, js, pc, o)
 		if err != nil {
 			for _, q := range out {
 				q.Close()
@@ -287,18 +298,15 @@ func newProviders(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 }
 
 // NewProvider constructs the driver of one provider.
-func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, replicas int, log *slog.Logger) (drivers.Provider, error) {
-	return newProvider(ctx, js, pc, replicas, nil, log)
-}
-
-func newProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, replicas int, views *kv.Views, log *slog.Logger) (drivers.Provider, error) {
+func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provider, o DriverOptions) (drivers.Provider, error) {
+	log := o.Log
 	switch pc.Driver {
 	case "fake":
-		return fake.New(ctx, js, pc, replicas, log)
+		return fake.New(ctx, js, pc, o.Replicas, log)
 	case "static":
-		return static.NewWithViews(ctx, js, pc, views, log)
+		return static.New(ctx, js, pc, static.Options{Views: o.Views, Clock: o.Clock, Log: log})
 	case "metastatic":
-		return metastatic.NewWithViews(ctx, js, pc, views, log)
+		return metastatic.New(ctx, js, pc, metastatic.Options{Views: o.Views, Clock: o.Clock, Log: log})
 	case "aws":
 		return aws.New(ctx, pc, aws.Options{Log: log})
 	case "openstack":
@@ -376,7 +384,7 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 			next[pc.Name] = p.providers[pc.Name]
 			continue
 		}
-		drv, err := newProvider(ctx, p.js, pc, p.Settings.Replicas, p.views, p.Log)
+		drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: p.Settings.Replicas, Views: p.views, Log: p.Log})
 		if err != nil {
 			undo()
 			return err

@@ -201,7 +201,7 @@ func (a *app) alienImageListCmd() *cobra.Command {
 			for i, e := range entries {
 				uploads[i] = e.Value
 			}
-			providers, err := service.NewProviders(ctx, c.JetStream(), cfg, a.settings.Replicas, a.logger())
+			providers, err := service.NewProviders(ctx, c.JetStream(), cfg, service.DriverOptions{Replicas: a.settings.Replicas, Log: a.logger()})
 			if err != nil {
 				return err
 			}

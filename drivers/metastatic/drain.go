@@ -28,7 +28,7 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 	held, errs := p.withdrawRequests(ctx)
 	heldNodes, give := p.givable(carved)
 	held += heldNodes
-	now := time.Now().UTC()
+	now := p.clock.Now().UTC()
 	for _, id := range give {
 		if err := p.giveBack(ctx, id, now); err != nil {
 			errs = append(errs, err)

@@ -42,7 +42,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	defer p.nodes.Unsubscribe(nodeSub)
 	reqSub := p.requests.Subscribe()
 	defer p.requests.Unsubscribe(reqSub)
-	tick := time.NewTicker(interval)
+	tick := p.clock.NewTicker(interval)
 	defer tick.Stop()
 	// One term of the manager at a time in a process (its lease): the
 	// terms share what they filed.
@@ -56,7 +56,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-tick.C:
+			case <-tick.C():
 			}
 			continue
 		}
@@ -65,9 +65,11 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 			return
 		case <-nodeSub.C():
 		case <-reqSub.C():
-		case <-tick.C:
+		case <-tick.C():
 		}
-		// Let a burst of changes settle into one pass.
+		// Let a burst of changes settle into one pass. The settling is
+		// in real time, whatever the provider's clock: it spaces the
+		// passes out, and decides nothing.
 		select {
 		case <-ctx.Done():
 			return
@@ -135,7 +137,7 @@ func (m *manager) guard(kind, key string, rev uint64, fn func()) {
 
 func (m *manager) pass(ctx context.Context) {
 	p := m.p
-	now := time.Now().UTC()
+	now := p.clock.Now().UTC()
 
 	// Backing requests, as they are now (one view for the whole pass):
 	// take what was fulfilled first, so that the slots it brings count
@@ -403,7 +405,7 @@ func (m *manager) releaseUnreadable(ctx context.Context) {
 		if named[id] {
 			continue
 		}
-		now := time.Now().UTC()
+		now := p.clock.Now().UTC()
 		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
 			if _, held, err := p.held(n); !held || err == nil {
 				return kv.ErrSkip
@@ -473,7 +475,7 @@ func (m *manager) deleteOrphan(ctx context.Context, id string, ours map[string]b
 			return kv.ErrSkip
 		}
 		p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
-		n.SetState(kv.NodeDeleting, time.Now().UTC())
+		n.SetState(kv.NodeDeleting, p.clock.Now().UTC())
 		n.Launcher = ""
 		n.Comment = "backing node " + d.BackingNode + " is gone"
 		return nil
@@ -638,7 +640,7 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 	}
 	group := r.Labels[0]
 	nodeID := r.Nodes[0]
-	now := time.Now().UTC()
+	now := p.clock.Now().UTC()
 	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: make([]string, d.Slots), Request: r.ID, Taken: now, IdleSince: &now}
 	cur, err := p.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
 		if n.State != kv.NodeReady || n.AllocatedTo != r.ID || len(n.Labels) != 1 || n.Labels[0] != group {

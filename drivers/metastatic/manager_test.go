@@ -47,7 +47,7 @@ func newTestEnv(t *testing.T, yaml string) *testEnv {
 		t.Fatal(err)
 	}
 	meta, _ := cfg.Provider("meta")
-	p, err := New(ctx, js, meta, log)
+	p, err := New(ctx, js, meta, Options{Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

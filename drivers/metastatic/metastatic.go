@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -48,6 +49,9 @@ type Provider struct {
 	nodes    *kv.Cache[kv.Node]
 	requests *kv.Cache[kv.Request]
 	log      *slog.Logger
+	// clock is the time slots, grace-time, max-age, min-retention-time
+	// and the manager's passes go by.
+	clock clock.Clock
 	// filed are the backing requests this process published whose
 	// records have not shown up yet (manager.filed). They outlive a term
 	// of the manager: a lease lost and taken again (a busy process
@@ -57,16 +61,23 @@ type Provider struct {
 	stopNodes, stopRequests func()
 }
 
-// New prepares a metastatic provider and starts watching the node and
-// request records. The buckets and streams must exist.
-func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log *slog.Logger) (*Provider, error) {
-	return NewWithViews(ctx, js, cfg, nil, log)
+// Options are what a metastatic provider is made with besides its
+// configuration.
+type Options struct {
+	// Views are the process's views of the node and request records,
+	// shared with its roles (nil: caches of the provider's own).
+	Views *kv.Views
+	// Clock is the time the provider goes by (nil: the real one): the
+	// times written in its slot maps and the grace-time, max-age,
+	// min-retention-time and sweeps of its manager, which takes a pass
+	// whenever it passes another sync interval.
+	Clock clock.Clock
+	Log   *slog.Logger
 }
 
-// NewWithViews is New reading the node and request records from the
-// process's views (shared with its roles; nil: caches of the provider's
-// own).
-func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, views *kv.Views, log *slog.Logger) (*Provider, error) {
+// New prepares a metastatic provider and starts watching the node and
+// request records. The buckets and streams must exist.
+func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, o Options) (*Provider, error) {
 	if cfg.Driver != "metastatic" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not metastatic", cfg.Name, cfg.Driver)
 	}
@@ -74,10 +85,13 @@ func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provi
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
 	}
-	log = log.With("provider", cfg.Name)
+	if o.Clock == nil {
+		o.Clock = clock.Real()
+	}
+	log := o.Log.With("provider", cfg.Name)
 	p := &Provider{
-		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log,
-		nodes: views.Nodes(b, log), requests: views.Requests(b, log),
+		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log, clock: o.Clock,
+		nodes: o.Views.Nodes(b, log), requests: o.Views.Requests(b, log),
 		filed: map[string]filed{},
 	}
 	p.stopNodes, p.stopRequests = p.nodes.Start(), p.requests.Start()
@@ -210,7 +224,7 @@ var errNoSlot = errors.New("no free slot")
 // Nodepool, a node counted on a backing node that is booting waits for
 // it, and leaves the free slots to the nodes the manager counted on them.
 func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, int, error) {
-	now := time.Now().UTC()
+	now := p.clock.Now().UTC()
 	all := p.backings()
 	for _, b := range all {
 		if s := b.data.SlotOf(nodeID); s >= 0 {
@@ -280,7 +294,7 @@ func (p *Provider) deallocate(ctx context.Context, nodeID string) error {
 		}
 		_, err := p.nodes.Modify(ctx, b.Key, func(n *kv.Node) error {
 			d, ok := p.owned(n)
-			if !ok || !d.free(nodeID, time.Now().UTC()) {
+			if !ok || !d.free(nodeID, p.clock.Now().UTC()) {
 				return kv.ErrSkip
 			}
 			n.UserData = encodeJSON(d)

@@ -95,7 +95,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	// both seeing the backing node.
 	waitFor(t, env.p.nodes, "the backing node in the cache", func() bool { return env.p.nodes.Has(backing.ID) })
 	_, pjs := env.srv.Connect(t)
-	second, err := New(ctx, pjs, env.p.cfg, env.log)
+	second, err := New(ctx, pjs, env.p.cfg, Options{Log: env.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func BenchmarkSlotCycle(b *testing.B) {
 		b.Fatal(err)
 	}
 	meta, _ := cfg.Provider("meta")
-	p, err := New(ctx, js, meta, log)
+	p, err := New(ctx, js, meta, Options{Log: log})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/hostkeys"
+	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -50,19 +51,29 @@ type Provider struct {
 	store *kv.Store[kv.Node]
 	nodes *kv.Cache[kv.Node]
 	log   *slog.Logger
+	// clock is the time the manager's passes and its host checks' backoff
+	// (next_check) go by.
+	clock clock.Clock
 
 	stop func()
 }
 
-// New prepares a static provider and starts watching the node records.
-// The buckets must exist.
-func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, log *slog.Logger) (*Provider, error) {
-	return NewWithViews(ctx, js, cfg, nil, log)
+// Options are what a static provider is made with besides its
+// configuration.
+type Options struct {
+	// Views are the process's views of the node records, shared with its
+	// roles (nil: a cache of the provider's own).
+	Views *kv.Views
+	// Clock is the time the provider goes by (nil: the real one): its
+	// manager takes a pass whenever it passes another sync interval, and
+	// checks a failing host again when it reaches the host's next_check.
+	Clock clock.Clock
+	Log   *slog.Logger
 }
 
-// NewWithViews is New reading the node records from the process's views
-// (shared with its roles; nil: a cache of the provider's own).
-func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, views *kv.Views, log *slog.Logger) (*Provider, error) {
+// New prepares a static provider and starts watching the node records.
+// The buckets must exist.
+func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, o Options) (*Provider, error) {
 	if cfg.Driver != "static" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not static", cfg.Name, cfg.Driver)
 	}
@@ -70,8 +81,11 @@ func NewWithViews(ctx context.Context, js jetstream.JetStream, cfg *config.Provi
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
 	}
-	log = log.With("provider", cfg.Name)
-	p := &Provider{cfg: cfg, store: b.Nodes, nodes: views.Nodes(b, log), log: log}
+	if o.Clock == nil {
+		o.Clock = clock.Real()
+	}
+	log := o.Log.With("provider", cfg.Name)
+	p := &Provider{cfg: cfg, store: b.Nodes, nodes: o.Views.Nodes(b, log), log: log, clock: o.Clock}
 	p.stop = p.nodes.Start()
 	return p, nil
 }
@@ -251,7 +265,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	}
 	sub := p.nodes.Subscribe()
 	defer p.nodes.Unsubscribe(sub)
-	tick := time.NewTicker(interval)
+	tick := p.clock.NewTicker(interval)
 	defer tick.Stop()
 	m := &manager{p: p, interval: interval, checking: map[string]bool{}, sem: make(chan struct{}, maxParallelChecks), doneC: make(chan struct{}, 1)}
 	defer m.wg.Wait()
@@ -263,7 +277,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-tick.C:
+			case <-tick.C():
 			}
 			continue
 		}
@@ -271,10 +285,12 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-sub.C():
-		case <-tick.C:
+		case <-tick.C():
 		case <-m.doneC:
 		}
-		// Let a burst of changes settle into one pass.
+		// Let a burst of changes settle into one pass (in real time,
+		// whatever the provider's clock: it spaces the passes out, and
+		// decides nothing).
 		select {
 		case <-ctx.Done():
 			return
@@ -327,7 +343,7 @@ func (m *manager) reconcile(ctx context.Context) {
 		}
 		return true
 	})
-	now := time.Now().UTC()
+	now := m.p.clock.Now().UTC()
 	for id, r := range want {
 		if _, ok := have[id]; !ok {
 			m.register(ctx, r, now)
@@ -431,7 +447,7 @@ func (m *manager) check(ctx context.Context, r registration) {
 		if ctx.Err() != nil {
 			return
 		}
-		now := time.Now().UTC()
+		now := m.p.clock.Now().UTC()
 		_, merr := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
 			d := nodeData(n)
 			if n.State != kv.NodeInit || d.Spec != r.spec {

@@ -183,7 +183,7 @@ providers:
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := New(ctx, js, pc, log)
+			p, err := New(ctx, js, pc, Options{Log: log})
 			if err != nil {
 				t.Fatal(err)
 			}
