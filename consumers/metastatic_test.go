@@ -422,6 +422,7 @@ func TestMetastaticMaxAgeAndMinRetention(t *testing.T) {
 func TestMetastaticTwoLaunchersNeverShareASlot(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, metaConfig("0.3", "            max-parallel-jobs: 4\n            grace-time: 600\n"))
+	h.recordLog() // a failure prints which manager requested what
 	h.startLauncher("l1")
 	h.startLauncher("l2")
 	nodes := h.requestSmall(12)

@@ -44,6 +44,10 @@ type Conn struct {
 	// leftover are lock contenders (prefix -> lock directory) whose
 	// withdrawal failed, to withdraw again.
 	leftover map[string]string
+	// live are the contenders (directory/name) of the locks this process
+	// holds as Lock values, not yet released: a contender of this
+	// session that is not live is an orphan (AdoptOrphan).
+	live map[string]bool
 }
 
 // Dial connects to the servers of z (over TLS when z.TLS is set) and waits

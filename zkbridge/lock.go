@@ -140,7 +140,48 @@ func (c *Conn) tryLock(dir, identifier string, makeParents bool) (*Lock, error) 
 		}
 		return nil, ErrLocked
 	}
+	c.track(dir, node, true)
 	return &Lock{c: c, dir: dir, node: node, session: session}, nil
+}
+
+// track records a contender as held by a Lock of this process (live) or
+// no longer.
+func (c *Conn) track(dir, node string, live bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !live {
+		delete(c.live, dir+"/"+node)
+		return
+	}
+	if c.live == nil {
+		c.live = map[string]bool{}
+	}
+	c.live[dir+"/"+node] = true
+}
+
+// AdoptOrphan returns the lock of dir when its holder is a contender of
+// this session that no lock of this process holds (nil otherwise): one
+// this process made and lost track of, such as a lock taken by a request
+// whose answer the connection lost, or a lock dropped while the session
+// could not be trusted. Such a contender blocks every contender, this
+// process's included, for as long as the session lives; the lock is this
+// process's to use and release.
+func (c *Conn) AdoptOrphan(dir string) (*Lock, error) {
+	l, err := c.OwnedLock(dir)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := dir + "/" + l.node
+	if c.live[key] {
+		return nil, nil // held by a step of this process in flight
+	}
+	if c.live == nil {
+		c.live = map[string]bool{}
+	}
+	c.live[key] = true
+	return l, nil
 }
 
 // withdraw removes this process's contender of prefix in dir, if the
@@ -198,6 +239,7 @@ func (c *Conn) Withdrawn() int {
 // Release gives the lock up (kazoo's release: its contender is deleted).
 // A lock of an expired session is gone already.
 func (l *Lock) Release() error {
+	l.c.track(l.dir, l.node, false)
 	if l.session != l.c.Session() {
 		return nil
 	}

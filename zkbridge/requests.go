@@ -181,7 +181,7 @@ func (br *Bridge) pendingElsewhere(ctx context.Context, zkID string, nr kv.Entry
 		// session's: a lock this process took and lost track of (an
 		// answer lost with the connection). It is this process's to go
 		// on with.
-		l, err := br.conn.OwnedLock(RequestLocksPath + "/" + zkID)
+		l, err := br.conn.AdoptOrphan(RequestLocksPath + "/" + zkID)
 		if err != nil || l == nil {
 			return err
 		}
@@ -240,7 +240,7 @@ func (br *Bridge) record(ctx context.Context, zkID string, zr zrequest) error {
 // claim locks a request the NATS pipeline claimed (or fulfilled) and marks
 // it pending, or fulfils it at once.
 func (br *Bridge) claim(ctx context.Context, zkID string, nr kv.Entry[kv.Request]) error {
-	lock, err := br.conn.TryLock(RequestLocksPath+"/"+zkID, br.identifier)
+	lock, err := br.lockRequest(zkID)
 	if errors.Is(err, ErrLocked) {
 		// Zuul revising its priority, or another launcher or bridge
 		// process.
@@ -284,6 +284,23 @@ func (br *Bridge) claim(ctx context.Context, zkID string, nr kv.Entry[kv.Request
 		return err
 	}
 	return nil
+}
+
+// lockRequest takes the lock of a Zuul request without waiting; a lock
+// that another contender holds is ErrLocked, unless that contender is an
+// orphan of this session (Conn.AdoptOrphan), which it adopts.
+func (br *Bridge) lockRequest(zkID string) (*Lock, error) {
+	dir := RequestLocksPath + "/" + zkID
+	lock, err := br.conn.TryLock(dir, br.identifier)
+	if !errors.Is(err, ErrLocked) {
+		return lock, err
+	}
+	orphan, oerr := br.conn.AdoptOrphan(dir)
+	if oerr != nil || orphan == nil {
+		return nil, err
+	}
+	br.log.Info("a request lock of this session that nothing here held was found; the request goes on under it", "request", zkID)
+	return orphan, nil
 }
 
 // writeRequest writes a request back at the version it was read at, and
@@ -363,7 +380,7 @@ func (br *Bridge) fulfil(ctx context.Context, zkID string, nr kv.Entry[kv.Reques
 // fulfilEmpty fulfils a request for no node at all (older Zuuls wrote
 // them), as a Nodepool launcher does.
 func (br *Bridge) fulfilEmpty(ctx context.Context, zkID string) error {
-	lock, err := br.conn.TryLock(RequestLocksPath+"/"+zkID, br.identifier)
+	lock, err := br.lockRequest(zkID)
 	if errors.Is(err, ErrLocked) {
 		return errRetry
 	}
@@ -395,7 +412,7 @@ func (br *Bridge) declineFailed(ctx context.Context, zkID string, nr *kv.Entry[k
 // decline.
 func (br *Bridge) decline(ctx context.Context, zkID, why string) error {
 	if br.heldLock(zkID) == nil {
-		lock, err := br.conn.TryLock(RequestLocksPath+"/"+zkID, br.identifier)
+		lock, err := br.lockRequest(zkID)
 		if errors.Is(err, ErrLocked) {
 			return errRetry
 		}

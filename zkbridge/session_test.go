@@ -1,9 +1,12 @@
 package zkbridge_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/zkbridge"
@@ -103,4 +106,55 @@ func TestRequestLockKeptAcrossADisconnection(t *testing.T) {
 	if owned, err := other.OwnedLock(dir); err != nil || owned != nil {
 		t.Fatalf("OwnedLock from another session: %v %v, want none", owned, err)
 	}
+}
+
+// A contender of this session that no lock of the process holds (a lock
+// taken by a request whose answer the connection lost, or dropped while
+// the session could not be trusted) blocks every contender for as long as
+// the session lives, this process's own TryLock included: a request stayed
+// "requested" for two minutes after a ZooKeeper restart in
+// TestZuulKillBridgesAndZooKeeper, both bridges finding it "locked by
+// another contender". AdoptOrphan gives such a lock to the process; it
+// never gives one a lock of this process holds, nor another session's.
+func TestOrphanedLockIsAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	c := newZuulClient(t, e).c
+	other := newZuulClient(t, e).c
+	const held = zkbridge.RequestLocksPath + "/200-0000000001"
+	l, err := c.TryLock(held, zkbridge.LockIdentifierPrefix+"test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.AdoptOrphan(held); err != nil || got != nil {
+		t.Fatalf("AdoptOrphan of a lock this process holds: %v %v, want none", got, err)
+	}
+
+	const dir = zkbridge.RequestLocksPath + "/200-0000000002"
+	orphan, err := c.Create(dir+"/0123456789abcdef0123456789abcdef__lock__", []byte(zkbridge.LockIdentifierPrefix+"test"), zk.FlagEphemeral|zk.FlagSequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryLock(dir, zkbridge.LockIdentifierPrefix+"test"); !errors.Is(err, zkbridge.ErrLocked) {
+		t.Fatalf("TryLock behind this session's orphan: %v, want ErrLocked", err)
+	}
+	if got, err := other.AdoptOrphan(dir); err != nil || got != nil {
+		t.Fatalf("AdoptOrphan from another session: %v %v, want none", got, err)
+	}
+	adopted, err := c.AdoptOrphan(dir)
+	if err != nil || adopted == nil || dir+"/"+adopted.Node() != orphan {
+		t.Fatalf("AdoptOrphan: %v %v, want the orphan %s", adopted, err, orphan)
+	}
+	if got, err := c.AdoptOrphan(dir); err != nil || got != nil {
+		t.Fatalf("AdoptOrphan of a lock adopted already: %v %v, want none", got, err)
+	}
+	if err := adopted.Release(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := other.TryLock(dir, zkbridge.LockIdentifierPrefix+"other")
+	if err != nil {
+		t.Fatalf("TryLock once the adopted orphan was released: %v", err)
+	}
+	_ = again.Release()
+	_ = l.Release()
 }

@@ -221,7 +221,7 @@ func (br *Bridge) reconcileOrphan(ctx context.Context, key string) error {
 
 // resetPending puts a pending request nobody holds back to requested.
 func (br *Bridge) resetPending(zkID string) error {
-	lock, err := br.conn.TryLock(RequestLocksPath+"/"+zkID, br.identifier)
+	lock, err := br.lockRequest(zkID)
 	if err != nil {
 		if errors.Is(err, ErrLocked) {
 			return nil

@@ -106,10 +106,18 @@ type manager struct {
 	broken map[string]uint64
 }
 
+// filed is a backing request this process published, or began to.
 type filed struct {
 	group string
 	data  RequestData
 	at    time.Time
+	// msg is what was published; stored says that the stream
+	// acknowledged it. A publish cut short (the term ended: its lease
+	// was lost) may have been stored all the same: it counts as filed,
+	// and the next pass publishes it again under the same id, which the
+	// stream takes once (its Nats-Msg-Id) and the intake records once.
+	msg    events.RequestMessage
+	stored bool
 }
 
 // ourRequest is a backing request of ours with its requestor_data.
@@ -142,6 +150,7 @@ func (m *manager) pass(ctx context.Context) {
 	// Backing requests, as they are now (one view for the whole pass):
 	// take what was fulfilled first, so that the slots it brings count
 	// below; fail what is not valid.
+	m.republish(ctx, now)
 	requests := m.readRequests(ctx, now)
 	untaken := m.adoptFulfilled(ctx, requests)
 
@@ -612,15 +621,52 @@ func (m *manager) fileRequest(ctx context.Context, group string, chunk []string,
 	id := newRequestID()
 	d := RequestData{Provider: p.cfg.Name, Pool: first.Value.Pool, Label: label, Slots: slots, Nodes: slices.Clone(chunk)}
 	msg := events.RequestMessage{ID: id, Labels: []string{group}, Requestor: p.me, RequestorData: encodeJSON(d)}
+	// Counted as filed before it is published: a publish that the end of
+	// the term cuts short may be stored (see filed.stored).
+	m.filed[id] = filed{group: group, data: d, at: now, msg: msg}
 	if _, err := events.PublishRequest(ctx, p.js, msg); err != nil {
 		if ctx.Err() == nil {
+			delete(m.filed, id)
 			p.log.Warn("could not request a backing node", "label", group, "err", err)
 		}
 		return false
 	}
-	m.filed[id] = filed{group: group, data: d, at: now}
+	m.stored(id)
 	p.log.Info("requested a backing node", "request", id, "backing_label", group, "waiting", chunk)
 	return true
+}
+
+// stored marks a filed request as acknowledged by the stream.
+func (m *manager) stored(id string) {
+	if f, ok := m.filed[id]; ok {
+		f.stored = true
+		m.filed[id] = f
+	}
+}
+
+// republish publishes again, under their ids, the filed requests whose
+// publish an earlier term's end cut short: the stream takes a message
+// stored already as a duplicate, and stores one that was not. Each counts
+// as filed from now. One cut short more than filedTimeout ago is forgotten
+// instead: published again after the stream's duplicate window (two
+// minutes), it would be a new request if its record came and went
+// meanwhile.
+func (m *manager) republish(ctx context.Context, now time.Time) {
+	for id, f := range m.filed {
+		if f.stored {
+			continue
+		}
+		if now.Sub(f.at) > filedTimeout {
+			delete(m.filed, id)
+			continue
+		}
+		if _, err := events.PublishRequest(ctx, m.p.js, f.msg); err != nil {
+			return // the term is over too; the next one tries again
+		}
+		f.stored, f.at = true, now
+		m.filed[id] = f
+		m.p.log.Info("published again a backing request whose publish was cut short", "request", id)
+	}
 }
 
 // adopt takes the backing node of a fulfilled backing request, as any

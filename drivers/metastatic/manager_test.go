@@ -1,6 +1,7 @@
 package metastatic
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -154,6 +155,40 @@ func TestNewTermDoesNotFileAgain(t *testing.T) {
 	e.manager().pass(t.Context())
 	if n := e.published(); n != 1 {
 		t.Fatalf("%d backing requests published after a new term; want still 1", n)
+	}
+}
+
+// A term that ends while it publishes a backing request (its lease lost
+// mid-publish) leaves it counted as filed, since the stream may have
+// stored it: the next term publishes it again under the same id, which
+// the stream takes once, and files no other for the same node.
+func TestNewTermPublishesAgainWhatWasCutShort(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t, testConfig)
+	e.node(e.carved("a", "small"))
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	e.manager().pass(ended)
+	if n := e.published(); n != 0 {
+		t.Fatalf("%d backing requests stored by a term that had ended", n)
+	}
+	var id string
+	for k, f := range e.p.filed {
+		if f.stored {
+			t.Fatalf("request %s marked stored, though its publish failed", k)
+		}
+		id = k
+	}
+	if len(e.p.filed) != 1 {
+		t.Fatalf("%d requests counted as filed after a publish cut short; want 1", len(e.p.filed))
+	}
+	e.manager().pass(t.Context())
+	e.manager().pass(t.Context())
+	if n := e.published(); n != 1 {
+		t.Fatalf("%d backing requests published by the next terms; want the one cut short, once", n)
+	}
+	if f, ok := e.p.filed[id]; !ok || !f.stored {
+		t.Fatalf("request %s not published again under its id: filed %+v", id, e.p.filed)
 	}
 }
 
