@@ -23,8 +23,8 @@ import (
 )
 
 // IntakeConsumer is the durable consumer (worker group) that turns request
-// messages into request records.
-const IntakeConsumer = "intake"
+// messages into request records (events.IntakeConsumer).
+const IntakeConsumer = events.IntakeConsumer
 
 // stoppable is a running consumer.
 type stoppable interface{ Stop() }

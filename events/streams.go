@@ -29,6 +29,11 @@ const (
 	// APISubjects are the requestor's endpoints: nodepool.api.<owner>.<verb>.
 	APISubjects = "nodepool.api.*.*"
 
+	// IntakeConsumer is the durable consumer of RequestsStream (the
+	// launchers' worker group) that turns request messages into request
+	// records; it acknowledges a message once its record is written.
+	IntakeConsumer = "intake"
+
 	BuildsStream   = "NODEPOOL_BUILDS"
 	BuildsSubject  = "nodepool.builds.>"
 	UploadsSubject = "nodepool.uploads.>"

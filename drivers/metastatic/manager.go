@@ -38,6 +38,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	if err := p.synced(ctx); err != nil {
 		return
 	}
+	p.awaitIntake(ctx)
 	nodeSub := p.nodes.Subscribe()
 	defer p.nodes.Unsubscribe(nodeSub)
 	reqSub := p.requests.Subscribe()
