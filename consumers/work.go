@@ -37,7 +37,14 @@ import (
 // comes back only after the ack wait: both bound how long work waits for
 // a process that cannot do it (about 10 s). The cost is an idle process
 // pulling twelve times a minute per work consumer.
-var workAckWait = []time.Duration{5 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
+//
+// The ack wait grows to 10 s from the second delivery on, and no more: the
+// server picks it by the delivery count, NAKs included, so a message that
+// was NAKed a few times (its node's launcher not yet known to be gone) and
+// then delivered to a process that died waited 30 s or a minute for the
+// next one (TestChaos, under load: nodes handed back were deleted only
+// 30 s later). NAKs have delays of their own (redeliveryDelay).
+var workAckWait = []time.Duration{5 * time.Second, 10 * time.Second}
 
 const workPullExpiry = 5 * time.Second
 

@@ -131,11 +131,21 @@ func validNode(id string) bool {
 	return true
 }
 
+// errCodeDuplicateInProcess is nats-server's JSStreamDuplicateMessageConflict:
+// a message with the same Nats-Msg-Id is being stored.
+const errCodeDuplicateInProcess jetstream.ErrorCode = 10158
+
 // Queued reports whether a publish was refused because a message of that
-// node and kind waits in the stream already.
+// node and kind waits in the stream already, or because another process
+// is storing the same message (its Nats-Msg-Id) at this moment.
 func Queued(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum messages per subject exceeded")
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == errCodeDuplicateInProcess ||
+		strings.Contains(apiErr.Description, "maximum messages per subject exceeded") ||
+		strings.Contains(apiErr.Description, "duplicate message id is in process")
 }
 
 // QueuedWork returns the work waiting in the work stream, by kind and
