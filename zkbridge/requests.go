@@ -496,11 +496,7 @@ func (br *Bridge) requestGone(ctx context.Context, zkID string, nr *kv.Entry[kv.
 		return nil
 	}
 	for _, id := range nr.Value.Nodes {
-		e, ok := br.nodes.Get(id)
-		if !ok || e.Value.AllocatedTo != nr.Key || e.Value.State != kv.NodeReady || e.Value.ZooKeeperID == "" {
-			continue
-		}
-		locked, err := br.lockedByOthers(e.Value.ZooKeeperID)
+		locked, err := br.lockedNode(ctx, nr.Key, id)
 		if err != nil {
 			return err
 		}
@@ -617,6 +613,37 @@ func (br *Bridge) ourProvider(name string) bool {
 
 // lockedByOthers reports whether anyone but this process holds or waits
 // for a node's lock, read afresh.
+// lockedNode reports whether a node of a NATS request is still ready,
+// allocated to it, with a znode that somebody (Zuul) locked: it must not
+// go back to the pool with its request. What the view says is read again
+// from the bucket unless it shows such a node: a view behind the bridge's
+// own writes (the znode's id not in it yet) would let a node Zuul locked
+// go back to the pool and its znode be deleted under Zuul.
+func (br *Bridge) lockedNode(ctx context.Context, natsReq, id string) (bool, error) {
+	allocated := func(n *kv.Node) bool {
+		return n.AllocatedTo == natsReq && n.State == kv.NodeReady && n.ZooKeeperID != ""
+	}
+	e, ok := br.nodes.Get(id)
+	if !ok || !allocated(&e.Value) {
+		fresh, err := br.b.Nodes.Get(ctx, id)
+		switch {
+		case errors.Is(err, kv.ErrNotFound), errors.Is(err, kv.ErrBadRecord):
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		if !allocated(&fresh.Value) {
+			return false, nil
+		}
+		e = fresh
+	}
+	locked, err := br.lockedByOthers(e.Value.ZooKeeperID)
+	if err == nil && !locked {
+		br.log.Debug("a node of a deleted request is not locked; it goes back to the pool", "node", id, "znode", e.Value.ZooKeeperID, "request", natsReq)
+	}
+	return locked, err
+}
+
 func (br *Bridge) lockedByOthers(zkNodeID string) (bool, error) {
 	all, err := br.conn.Contenders(NodesPath + "/" + zkNodeID + "/lock")
 	if err != nil {
