@@ -521,10 +521,7 @@ func (m *manager) cover(ctx context.Context, group string, nodes []*kv.Node, ope
 }
 
 // stillWaiting reports whether a carved node still waits for its slot.
-func (m *manager) stillWaiting(id string) bool {
-	ce, ok := m.p.nodes.Get(id)
-	return ok && ce.Value.State == kv.NodeBuilding
-}
+func (m *manager) stillWaiting(id string) bool { return m.p.waiting(id) }
 
 // joinOpen puts carved nodes into open backing requests with room, and
 // returns those left. It reports false when a request was fulfilled (or
@@ -688,7 +685,8 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 	group := r.Labels[0]
 	nodeID := r.Nodes[0]
 	now := p.clock.Now().UTC()
-	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: make([]string, d.Slots), Request: r.ID, Taken: now, IdleSince: &now}
+	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: make([]string, d.Slots), Request: r.ID, Taken: now, IdleSince: &now,
+		Reserved: slices.Clone(d.Nodes[:min(len(d.Nodes), d.Slots)])}
 	cur, err := p.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
 		if n.State != kv.NodeReady || n.AllocatedTo != r.ID || len(n.Labels) != 1 || n.Labels[0] != group {
 			return kv.ErrSkip

@@ -277,13 +277,20 @@ func (p *Provider) takeSlot(ctx context.Context, backingNode, nodeID, group stri
 		if !ok || n.Labels[0] != group || d.Failed != "" || n.InstanceDown != "" {
 			return errNoSlot
 		}
-		if slot = d.allocate(nodeID); slot < 0 {
+		if slot = d.allocate(nodeID, p.waiting); slot < 0 {
 			return errNoSlot
 		}
 		n.UserData = encodeJSON(d)
 		return nil
 	})
 	return slot, err
+}
+
+// waiting reports whether a carved node still waits for its slot (its
+// record is building).
+func (p *Provider) waiting(id string) bool {
+	e, ok := p.nodes.Get(id)
+	return ok && e.Value.State == kv.NodeBuilding
 }
 
 // deallocate frees a carved node's slot, wherever it is.

@@ -42,7 +42,7 @@ func TestBackingDataSlots(t *testing.T) {
 	for i, s := range steps {
 		var got int
 		if s.op == "allocate" {
-			got = d.allocate(s.node)
+			got = d.allocate(s.node, func(string) bool { return true })
 		} else if d.free(s.node, now) {
 			got = 1
 		}
@@ -52,6 +52,42 @@ func TestBackingDataSlots(t *testing.T) {
 	}
 	if d.Used() != 0 {
 		t.Errorf("Used = %d", d.Used())
+	}
+}
+
+// The nodes a backing request listed have the first claim on the backing
+// node's free slots while they wait: a node that came later takes a slot
+// only if more are free than they need, and a listed node that stopped
+// waiting loses its claim. (Two later nodes took the slots of the listed
+// ones, which then had a fourth backing node requested for them, in
+// consumers' TestMetastaticTwoLaunchersNeverShareASlot under load.)
+func TestReservedSlots(t *testing.T) {
+	t.Parallel()
+	d := BackingData{Owner: Requestor("meta"), Slots: 3, Allocations: make([]string, 3), Reserved: []string{"a", "b"}}
+	gone := map[string]bool{}
+	waiting := func(id string) bool { return !gone[id] }
+	steps := []struct {
+		node     string
+		gone     string // stops waiting first
+		want     int
+		reserved []string
+	}{
+		{"c", "", 0, []string{"a", "b"}},  // three free for two reserved
+		{"e", "", -1, []string{"a", "b"}}, // two free for two reserved
+		{"a", "", 1, []string{"b"}},
+		{"e", "", -1, []string{"b"}},
+		{"e", "b", 2, nil}, // b failed: its claim goes
+	}
+	for i, s := range steps {
+		if s.gone != "" {
+			gone[s.gone] = true
+		}
+		if got := d.allocate(s.node, waiting); got != s.want || !slices.Equal(d.Reserved, s.reserved) {
+			t.Fatalf("step %d: allocate(%s) = %d, reserved %v; want %d, %v", i, s.node, got, d.Reserved, s.want, s.reserved)
+		}
+		if err := d.Validate(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
 	}
 }
 

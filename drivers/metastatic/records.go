@@ -48,6 +48,12 @@ type BackingData struct {
 	Failed string `json:"failed,omitempty"`
 	// Released is when it was given back.
 	Released *time.Time `json:"released,omitempty"`
+	// Reserved are the carved nodes its backing request listed that have
+	// not taken a slot yet: while they wait, they have the first claim on
+	// its free slots, and a node that came later takes one only if more
+	// are free than they need (it waits for the backing node the manager
+	// requests or finds for it).
+	Reserved []string `json:"reserved,omitempty"`
 }
 
 // Used counts the allocated slots.
@@ -64,15 +70,22 @@ func (d *BackingData) Used() int {
 // SlotOf returns the slot of a carved node, or -1.
 func (d *BackingData) SlotOf(nodeID string) int { return slices.Index(d.Allocations, nodeID) }
 
-// allocate gives the first free slot to a carved node; -1 if none is free.
-func (d *BackingData) allocate(nodeID string) int {
+// allocate gives the first free slot to a carved node; -1 if none is free
+// for it. The reserved nodes still waiting (waiting tells which) have the
+// first claim on the free slots; those that no longer wait lose theirs.
+func (d *BackingData) allocate(nodeID string, waiting func(id string) bool) int {
 	if s := d.SlotOf(nodeID); s >= 0 {
 		return s
+	}
+	d.Reserved = slices.DeleteFunc(d.Reserved, func(id string) bool { return id != nodeID && (d.SlotOf(id) >= 0 || !waiting(id)) })
+	if !slices.Contains(d.Reserved, nodeID) && d.Slots-d.Used() <= len(d.Reserved) {
+		return -1
 	}
 	s := slices.Index(d.Allocations, "")
 	if s >= 0 {
 		d.Allocations[s] = nodeID
 		d.IdleSince = nil
+		d.Reserved = slices.DeleteFunc(d.Reserved, func(id string) bool { return id == nodeID })
 	}
 	return s
 }
@@ -106,6 +119,11 @@ func (d *BackingData) Validate() error {
 		problems = append(problems, fmt.Sprintf("allocations has %d entries; expected one per slot (%d)", len(d.Allocations), d.Slots))
 	}
 	problems = append(problems, checkNodeIDs("allocations", d.Allocations, true)...)
+	if len(d.Reserved) > MaxSlots {
+		problems = append(problems, fmt.Sprintf("reserved has %d entries; expected at most %d", len(d.Reserved), MaxSlots))
+	} else {
+		problems = append(problems, checkNodeIDs("reserved", d.Reserved, false)...)
+	}
 	return joinProblems(problems)
 }
 
