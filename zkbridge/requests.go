@@ -615,16 +615,21 @@ func (br *Bridge) ourProvider(name string) bool {
 // for a node's lock, read afresh.
 // lockedNode reports whether a node of a NATS request is still ready,
 // allocated to it, with a znode that somebody (Zuul) locked: it must not
-// go back to the pool with its request. What the view says is read again
-// from the bucket unless it shows such a node: a view behind the bridge's
-// own writes (the znode's id not in it yet) would let a node Zuul locked
-// go back to the pool and its znode be deleted under Zuul.
+// go back to the pool with its request. A node the view lacks, or shows
+// ready and allocated to the request without its znode's id, is read again
+// from the bucket: a view behind the bridge's own writes would let a node
+// Zuul locked go back to the pool and its znode be deleted under Zuul.
+// (A node the view shows taken or elsewhere needs no read.)
 func (br *Bridge) lockedNode(ctx context.Context, natsReq, id string) (bool, error) {
 	allocated := func(n *kv.Node) bool {
 		return n.AllocatedTo == natsReq && n.State == kv.NodeReady && n.ZooKeeperID != ""
 	}
 	e, ok := br.nodes.Get(id)
-	if !ok || !allocated(&e.Value) {
+	behind := !ok || (e.Value.AllocatedTo == natsReq && e.Value.State == kv.NodeReady && e.Value.ZooKeeperID == "")
+	if !behind && !allocated(&e.Value) {
+		return false, nil
+	}
+	if behind {
 		fresh, err := br.b.Nodes.Get(ctx, id)
 		switch {
 		case errors.Is(err, kv.ErrNotFound), errors.Is(err, kv.ErrBadRecord):
