@@ -11,8 +11,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
@@ -72,7 +74,7 @@ func Scenarios() []Scenario {
 		},
 		{
 			Name: "scale", DefaultN: 10000,
-			Description: "N node records (booted by the fake cloud at once): time of `nodepool list`, launcher RSS with its embedded server, restart time",
+			Description: "N node records (booted by the fake cloud at once): time of `nodepool list`, launcher RSS (with its embedded server unless --replicas), restart time",
 			Config:      func(n int) string { return cloudConfig("  - name: bench\n", n+100, "") },
 			Run:         runScale,
 		},
@@ -448,11 +450,20 @@ func runChurn(ctx context.Context, o Options, n int) ([]Result, error) {
 
 func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 	sc, _ := Lookup("scale")
-	if o.Replicas > 1 {
-		return nil, errors.New("scale measures a launcher with its embedded server (one, unreplicated); --replicas applies to the other scenarios")
+	// Unreplicated, the launcher runs the embedded server, so its RSS
+	// includes it; with --replicas it runs against the bench's cluster,
+	// as in production, and its RSS is its own.
+	url, embedded := "", o.URL == ""
+	if o.URL == "" && o.Replicas > 1 {
+		c, err := startCluster(ctx, o.WorkDir, o.Replicas)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Shutdown()
+		url, embedded = c.URLs(), false
+		o.Env = append(slices.Clone(o.Env), fmt.Sprintf("NODEPOOL_REPLICAS=%d", o.Replicas))
 	}
-	// The launcher runs the embedded server, so its RSS includes it.
-	s, err := startSystem(ctx, o, sc.Config(n), 1, o.URL == "", "")
+	s, err := startSystem(ctx, o, sc.Config(n), 1, embedded, url)
 	if err != nil {
 		return nil, err
 	}
@@ -504,18 +515,33 @@ func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 	res.Extra["list_seconds"] = time.Since(listStart).Seconds()
 	res.Extra["list_lines"] = float64(countLines(out))
 
-	// Restart the launcher: from start to serving a new request.
+	// Restart the launcher: from start to serving a new request. Against
+	// a cluster, the JetStream API requests the restart makes (the
+	// bench's own probe among them) are counted as the servers see them.
 	if len(s.procs) > 0 {
 		s.stopLauncher(s.procs[0])
+		var requests atomic.Int64
+		if !embedded {
+			sub, err := s.NC.Subscribe("$JS.API.>", func(*nats.Msg) { requests.Add(1) })
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			if err := s.NC.Flush(); err != nil {
+				return nil, err
+			}
+		}
 		restart := time.Now()
 		if _, err := s.startLauncher(ctx, "bench-launcher-0"); err != nil {
 			return nil, err
 		}
-		// The server went down with the launcher that embeds it: connect
-		// afresh once it is back.
-		s.NC.Close()
-		if err := s.connect(ctx); err != nil {
-			return nil, err
+		if embedded {
+			// The server went down with the launcher that embeds it:
+			// connect afresh once it is back.
+			s.NC.Close()
+			if err := s.connect(ctx); err != nil {
+				return nil, err
+			}
 		}
 		if err := s.waitLaunchers(ctx, 1); err != nil {
 			return nil, err
@@ -533,6 +559,9 @@ func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 			return nil, err
 		}
 		res.Extra["restart_seconds"] = time.Since(restart).Seconds()
+		if !embedded {
+			res.Extra["restart_api_requests"] = float64(requests.Load())
+		}
 	}
 	rate, err := KVUpdateRate(ctx, s.JS, 1, 2*time.Second)
 	if err == nil && rate > 0 {

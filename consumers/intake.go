@@ -89,7 +89,8 @@ func (wp *workerPool) Stop() {
 	wp.close()
 }
 
-func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
+// openIntake opens the intake's durable consumer of the requests stream.
+func (l *Launcher) openIntake(ctx context.Context) (*durable.Consumer, error) {
 	// A consumer made again after a deletion starts after the last
 	// message the old one acknowledged: from the start of the stream,
 	// messages whose requests were served and deleted long ago (their
@@ -117,6 +118,11 @@ func (l *Launcher) startIntake(ctx context.Context) (stoppable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)
 	}
+	return cons, nil
+}
+
+// startIntake records the requests of the intake's consumer as they come.
+func (l *Launcher) startIntake(ctx context.Context, cons *durable.Consumer) (stoppable, error) {
 	return startWorkers(ctx, cons, 32, pullExpiry, func(m jetstream.Msg) string { return m.Reply() }, l.handleRequestMessage)
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/clock"
+	"github.com/nodepool-nats/nodepool/internal/durable"
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -278,7 +279,18 @@ func (l *Launcher) run(parent context.Context) error {
 	wg.Go(func() { l.opts.Pacer.Share(ctx, l.components) })
 	wg.Go(func() { l.drain.keepRemembered(ctx) })
 
-	intake, err := l.startIntake(ctx)
+	// The consumers are opened at once: a process restarted while a
+	// cluster elects leaders waits out the slower one, not both.
+	var intakeCons, deleteCons *durable.Consumer
+	var intakeErr, deleteErr error
+	var opening sync.WaitGroup
+	opening.Go(func() { intakeCons, intakeErr = l.openIntake(ctx) })
+	opening.Go(func() { deleteCons, deleteErr = l.lifecycle.openDeletes(ctx) })
+	opening.Wait()
+	if err := errors.Join(intakeErr, deleteErr); err != nil {
+		return err
+	}
+	intake, err := l.startIntake(ctx, intakeCons)
 	if err != nil {
 		return err
 	}
@@ -287,7 +299,7 @@ func (l *Launcher) run(parent context.Context) error {
 		intake.Stop()
 		return err
 	}
-	lc, err := l.lifecycle.startDeletes(ctx)
+	lc, err := l.lifecycle.startDeletes(ctx, deleteCons)
 	if err != nil {
 		intake.Stop()
 		endpoints.Stop()

@@ -291,13 +291,17 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 	}
 }
 
-// startDeletes takes every provider's deletes from the work stream as
-// they come.
-func (lc *lifecycle) startDeletes(ctx context.Context) (stoppable, error) {
+// openDeletes opens the consumer of every provider's deletes.
+func (lc *lifecycle) openDeletes(ctx context.Context) (*durable.Consumer, error) {
 	cons, err := lc.openWork(ctx, events.DeleteConsumer, "deletes of nodes", events.WorkSubjects(events.KindDelete, ""))
 	if err != nil {
 		return nil, fmt.Errorf("creating the delete consumer: %w", err)
 	}
+	return cons, nil
+}
+
+// startDeletes takes the deletes of the delete consumer as they come.
+func (lc *lifecycle) startDeletes(ctx context.Context, cons *durable.Consumer) (stoppable, error) {
 	return startWorkers(ctx, cons, 16, workPullExpiry, func(m jetstream.Msg) string { return m.Subject() }, lc.handleDelete)
 }
 

@@ -6,13 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/nodepool-nats/nodepool/internal/token"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/token"
 )
 
 // Streams and subjects (public contract).
@@ -85,17 +86,19 @@ func StreamConfigs(replicas int) []jetstream.StreamConfig {
 	}
 }
 
-// Ensure creates the streams that do not exist yet. A stream that exists with
-// other settings is used as it is, with a warning. In a cluster, a leader
-// election and a stream another process just created are waited out (see
-// natsretry).
+// Ensure creates the streams that do not exist yet, all at once. A stream
+// that exists with other settings is used as it is, with a warning. In a
+// cluster, a leader election and a stream another process just created
+// are waited out (see natsretry).
 func Ensure(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
-	for _, cfg := range StreamConfigs(replicas) {
-		if err := EnsureStream(ctx, js, cfg, log); err != nil {
-			return err
-		}
+	cfgs := StreamConfigs(replicas)
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		wg.Go(func() { errs[i] = EnsureStream(ctx, js, cfg, log) })
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // EnsureStream creates one stream if it does not exist yet (see Ensure).

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,7 +77,10 @@ func BucketConfigs(o Options) []jetstream.KeyValueConfig {
 func markerTTL(ttl time.Duration) time.Duration { return max(ttl, time.Minute) }
 
 // Ensure creates the buckets that do not exist yet. A bucket that exists with
-// other settings is used as it is, with a warning.
+// other settings is used as it is, with a warning. The buckets are opened
+// at once, each with two requests when it exists (its stream's info, then
+// the bucket), so that a process restarting in a cluster busy electing
+// leaders waits out the slowest bucket, not the sum of them.
 //
 // The lease TTL is the buckets' (Buckets.LeaseTTL): every process must
 // renew its heartbeat and leases within the same TTL, so a process
@@ -83,26 +88,32 @@ func markerTTL(ttl time.Duration) time.Duration { return max(ttl, time.Minute) }
 // process that created the buckets chose it). Components and locks
 // buckets whose TTLs differ (changed by hand) are refused.
 func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Logger) (*Buckets, error) {
-	for _, cfg := range BucketConfigs(o) {
-		if _, err := EnsureBucket(ctx, js, cfg, log); err != nil {
-			return nil, err
-		}
-		if err := limitConsumers(ctx, js, cfg.Bucket); err != nil {
-			return nil, err
-		}
+	cfgs := BucketConfigs(o)
+	kvs := make([]jetstream.KeyValue, len(cfgs))
+	streams := make([]jetstream.StreamConfig, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		wg.Go(func() { kvs[i], streams[i], errs[i] = ensureBucket(ctx, js, cfg, log) })
 	}
-	b, err := Open(ctx, js)
-	if err != nil {
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if b.Providers, err = OpenProviders(ctx, js); err != nil {
-		return nil, err
+	byName := map[string]int{}
+	for i, cfg := range cfgs {
+		byName[cfg.Bucket] = i
 	}
-	lock, err := bucketTTL(ctx, b.Locks.kv)
-	if err != nil {
-		return nil, err
+	b := &Buckets{
+		Requests:   NewStore[Request](kvs[byName[BucketRequests]]),
+		Nodes:      NewStore[Node](kvs[byName[BucketNodes]]),
+		Images:     kvs[byName[BucketImages]],
+		Components: NewStore[Component](kvs[byName[BucketComponents]]),
+		Locks:      NewStore[LeaseRecord](kvs[byName[BucketLocks]]),
+		Providers:  NewStore[ProviderRecord](kvs[byName[BucketProviders]]),
+		LeaseTTL:   streams[byName[BucketComponents]].MaxAge,
 	}
-	if b.LeaseTTL != lock {
+	if lock := streams[byName[BucketLocks]].MaxAge; b.LeaseTTL != lock {
 		return nil, fmt.Errorf("buckets %s (TTL %s) and %s (TTL %s) must have the same TTL, the lease TTL; recreate one of them with the other's",
 			BucketComponents, b.LeaseTTL, BucketLocks, lock)
 	}
@@ -124,28 +135,24 @@ const (
 	MaxConsumerInactivity = 24 * time.Hour
 )
 
-// limitConsumers sets the consumer limits of a bucket's stream, unless
-// they are set already (as these or by an operator).
-func limitConsumers(ctx context.Context, js jetstream.JetStream, bucket string) error {
-	name := "KV_" + bucket
-	st, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
+// limitConsumers sets the consumer limits of a bucket's stream, whose
+// configuration is sc, unless they are set already (as these or by an
+// operator), and returns the configuration as it is then.
+func limitConsumers(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+	if sc.MaxConsumers > 0 && sc.ConsumerLimits.InactiveThreshold > 0 {
+		return sc, nil
+	}
+	if sc.MaxConsumers <= 0 {
+		sc.MaxConsumers = MaxBucketConsumers
+	}
+	if sc.ConsumerLimits.InactiveThreshold <= 0 {
+		sc.ConsumerLimits.InactiveThreshold = MaxConsumerInactivity
+	}
+	st, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, sc) })
 	if err != nil {
-		return fmt.Errorf("opening the stream of bucket %s: %w", bucket, err)
+		return sc, err
 	}
-	cfg := st.CachedInfo().Config
-	if cfg.MaxConsumers > 0 && cfg.ConsumerLimits.InactiveThreshold > 0 {
-		return nil
-	}
-	if cfg.MaxConsumers <= 0 {
-		cfg.MaxConsumers = MaxBucketConsumers
-	}
-	if cfg.ConsumerLimits.InactiveThreshold <= 0 {
-		cfg.ConsumerLimits.InactiveThreshold = MaxConsumerInactivity
-	}
-	if _, err := natsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, cfg) }); err != nil {
-		return fmt.Errorf("setting the consumer limits of bucket %s: %w", bucket, err)
-	}
-	return nil
+	return st.CachedInfo().Config, nil
 }
 
 // bucketTTL reads a bucket's TTL, waiting out what a cluster electing a
@@ -160,12 +167,57 @@ func bucketTTL(ctx context.Context, b jetstream.KeyValue) (time.Duration, error)
 }
 
 // EnsureBucket creates a bucket, or opens it if it exists (with a warning
-// when its settings differ), and returns it once it answers. In a cluster,
-// a create that another process started a moment before is acknowledged
-// before every server knows the bucket, and a server still electing a
-// leader answers nothing: both are waited out. A replicated bucket reads
-// from its stream's leader (ReadFromLeader).
+// when its settings differ), sets its consumer limits (see limitConsumers)
+// and returns it once it answers. In a cluster, a create that another
+// process started a moment before is acknowledged before every server
+// knows the bucket, and a server still electing a leader answers nothing:
+// both are waited out. A replicated bucket reads from its stream's leader
+// (ReadFromLeader).
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) (jetstream.KeyValue, error) {
+	b, _, err := ensureBucket(ctx, js, cfg, log)
+	return b, err
+}
+
+// ensureBucket is EnsureBucket, returning the configuration of the
+// bucket's stream as well. An existing bucket costs two requests: its
+// stream's info, which has all there is to check, and the opening of the
+// bucket.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) (jetstream.KeyValue, jetstream.StreamConfig, error) {
+	name := "KV_" + cfg.Bucket
+	info := func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) }
+	st, err := natsretry.Do(ctx, info)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// A server that has not caught up yet may not know a bucket that
+		// exists: the create then finds it, and changes nothing.
+		if cfg, err = createBucket(ctx, js, cfg, log); err != nil {
+			return nil, jetstream.StreamConfig{}, err
+		}
+		st, err = natsretry.Await(ctx, jetstream.ErrStreamNotFound, info)
+	}
+	if err != nil {
+		return nil, jetstream.StreamConfig{}, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, err)
+	}
+	sc := st.CachedInfo().Config
+	have := kvConfig(sc)
+	if differ := bucketDiffers(cfg, have); len(differ) > 0 {
+		log.Warn("bucket exists with other settings; using it as it is", "bucket", cfg.Bucket,
+			"want_ttl", cfg.TTL, "want_history", cfg.History, "want_replicas", cfg.Replicas,
+			"have_ttl", have.TTL, "have_history", have.History, "have_replicas", have.Replicas, "differs", differ)
+	}
+	if sc, err = limitConsumers(ctx, js, sc); err != nil {
+		return nil, jetstream.StreamConfig{}, fmt.Errorf("setting the consumer limits of bucket %s: %w", cfg.Bucket, err)
+	}
+	b, err := awaitBucket(ctx, js, cfg.Bucket)
+	if err != nil {
+		return nil, jetstream.StreamConfig{}, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, err)
+	}
+	return readFromLeader(js, b, sc), sc, nil
+}
+
+// createBucket creates a bucket, without TTL markers if the server has
+// none, and returns the configuration it was created with. A bucket that
+// another process created meanwhile is no error.
+func createBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, log *slog.Logger) (jetstream.KeyValueConfig, error) {
 	create := func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, cfg) }
 	_, err := natsretry.Do(ctx, create)
 	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
@@ -175,38 +227,23 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.Key
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrBucketExists):
-		existing, gerr := awaitBucket(ctx, js, cfg.Bucket)
-		if gerr != nil {
-			return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, gerr)
-		}
-		// The server refuses a create whose settings differ from the
-		// stream's in anything, the consumer limits this process sets
-		// afterwards (see limits) included: only a difference in what
-		// was asked for here is worth a warning.
-		attrs := []any{"bucket", cfg.Bucket, "want_ttl", cfg.TTL, "want_history", cfg.History, "want_replicas", cfg.Replicas}
-		var differ []string
-		if st, serr := existing.Status(ctx); serr == nil {
-			if bst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-				have := bst.Config()
-				attrs = append(attrs, "have_ttl", have.TTL, "have_history", have.History, "have_replicas", have.Replicas)
-				differ = bucketDiffers(cfg, have)
-			}
-		} else {
-			differ = []string{"unknown: " + serr.Error()}
-		}
-		if len(differ) > 0 {
-			log.Warn("bucket exists with other settings; using it as it is", append(attrs, "differs", differ)...)
-		} else {
-			log.Debug("bucket exists", "bucket", cfg.Bucket)
-		}
+		log.Debug("bucket made by another process meanwhile", "bucket", cfg.Bucket)
 	case err != nil:
-		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
+		return cfg, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
+	default:
+		log.Debug("bucket created", "bucket", cfg.Bucket)
 	}
-	b, err := awaitBucket(ctx, js, cfg.Bucket)
-	if err != nil {
-		return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, err)
+	return cfg, nil
+}
+
+// kvConfig is what a bucket's stream configuration says of the bucket's
+// settings.
+func kvConfig(sc jetstream.StreamConfig) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: strings.TrimPrefix(sc.Name, "KV_"), TTL: sc.MaxAge, History: uint8(min(max(sc.MaxMsgsPerSubject, 0), 64)),
+		Replicas: sc.Replicas, Storage: sc.Storage, MaxBytes: sc.MaxBytes, MaxValueSize: sc.MaxMsgSize,
+		LimitMarkerTTL: sc.SubjectDeleteMarkerTTL,
 	}
-	return ReadFromLeader(ctx, js, b)
 }
 
 // awaitBucket opens a bucket that was just created or found.

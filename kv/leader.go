@@ -40,12 +40,21 @@ func ReadFromLeader(ctx context.Context, js jetstream.JetStream, b jetstream.Key
 		return nil, fmt.Errorf("reading the status of bucket %s: %w", b.Bucket(), err)
 	}
 	bst, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bst.StreamInfo().Config.Replicas <= 1 {
+	if !ok {
 		return b, nil
 	}
+	return readFromLeader(js, b, bst.StreamInfo().Config), nil
+}
+
+// readFromLeader is ReadFromLeader for a bucket whose stream's
+// configuration is known.
+func readFromLeader(js jetstream.JetStream, b jetstream.KeyValue, sc jetstream.StreamConfig) jetstream.KeyValue {
+	if sc.Replicas <= 1 {
+		return b
+	}
 	return &leaderKV{KeyValue: b, nc: js.Conn(),
-		subject: "$JS.API.STREAM.MSG.GET." + bst.StreamInfo().Config.Name,
-		prefix:  "$KV." + b.Bucket() + "."}, nil
+		subject: "$JS.API.STREAM.MSG.GET." + sc.Name,
+		prefix:  "$KV." + b.Bucket() + "."}
 }
 
 // Get reads the newest value of a key from the stream leader.

@@ -111,7 +111,7 @@ Scenarios:
 	f := cmd.Flags()
 	f.IntVar(&n, "n", 0, "size: requests, or nodes for scale (default per scenario)")
 	f.IntVar(&runs, "runs", 1, "runs on fresh systems; with more than one, medians with min and max are printed too")
-	f.IntVar(&replicas, "replicas", 1, "1, or 3 or 5: the bench's NATS is a cluster of that many servers (in its process) and streams and buckets have that many replicas, as in production (every scenario but scale)")
+	f.IntVar(&replicas, "replicas", 1, "1, or 3 or 5: the bench's NATS is a cluster of that many servers (in its process) and streams and buckets have that many replicas, as in production (for scale, the launcher then runs without an embedded server, and its RSS is its own)")
 	f.BoolVar(&asJSON, "json", false, "print every run's figures as JSON")
 	f.StringVar(&workDir, "work-dir", "", "where to keep configurations, data and launcher logs (default: a temporary folder)")
 	f.BoolVar(&printConfig, "print-config", false, "print the scenario's nodepool.yaml and exit")
