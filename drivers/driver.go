@@ -10,7 +10,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // Failure kinds. Drivers wrap them (fmt.Errorf("%w: ...", ErrQuotaExceeded))
@@ -50,9 +50,9 @@ const (
 )
 
 // Resources is what an instance counts against quota.
-type Resources = kv.Resources
+type Resources = record.Resources
 
-// Names of resources besides cores, RAM and instances (kv.Resources'
+// Names of resources besides cores, RAM and instances (record.Resources'
 // Other) that drivers count, as Nodepool names them: the volumes of nodes
 // booted from volumes (OpenStack) and their total size in GB.
 const (
@@ -102,7 +102,7 @@ type Instance struct {
 	Cloud string
 	// Kubernetes is a kubernetes node's namespace and credentials, which
 	// the node record carries.
-	Kubernetes *kv.KubernetesAccess
+	Kubernetes *record.KubernetesAccess
 }
 
 // RunState is whether an instance runs, as a listing shows it.
@@ -295,7 +295,7 @@ type Interruption struct {
 type Registrar interface {
 	// Reregister turns a used node back into a registered one (for the
 	// static driver: state init, allocation cleared, host key to check).
-	Reregister(n *kv.Node, now time.Time)
+	Reregister(n *record.Node, now time.Time)
 }
 
 // Manager is implemented by drivers that keep records of their own in step

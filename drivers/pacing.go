@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // Pacer paces the API calls of a process's drivers: one limiter for each
@@ -72,20 +72,26 @@ func (p *Pacer) Pace(name string, prov Provider, r float64) Provider {
 	return RateLimited(prov, lim)
 }
 
+// Components is the view of the live components the pacer reads: every
+// record, and a signal after they change (kv.Cache has both).
+type Components interface {
+	Range(fn func(*record.Entry[record.Component]) bool)
+	Changes() (changed <-chan struct{}, stop func())
+}
+
 // Share keeps this process's share of each rate until ctx ends: the rate
 // divided by the live processes that call the provider (launchers serving
 // a pool of it, and builders, which may upload to any provider), as the
 // components bucket lists them.
-func (p *Pacer) Share(ctx context.Context, components *kv.Cache[kv.Component]) {
-	sub := components.Subscribe()
-	defer components.Unsubscribe(sub)
+func (p *Pacer) Share(ctx context.Context, components Components) {
+	changed, stop := components.Changes()
+	defer stop()
 	for {
-		sub.Drain()
 		p.mu.Lock()
 		for name, lim := range p.limiters {
 			n := 0
-			components.Range(func(e *kv.Entry[kv.Component]) bool {
-				if slices.Contains(e.Value.Roles, "builder") || slices.ContainsFunc(e.Value.Pools, func(cp kv.ComponentPool) bool { return cp.Provider == name }) {
+			components.Range(func(e *record.Entry[record.Component]) bool {
+				if slices.Contains(e.Value.Roles, "builder") || slices.ContainsFunc(e.Value.Pools, func(cp record.ComponentPool) bool { return cp.Provider == name }) {
 					n++
 				}
 				return true
@@ -100,7 +106,7 @@ func (p *Pacer) Share(ctx context.Context, components *kv.Cache[kv.Component]) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-sub.C():
+		case <-changed:
 		case <-p.changed:
 		}
 	}

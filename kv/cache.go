@@ -420,6 +420,19 @@ func (c *Cache[T]) Subscribe() *Subscription[T] {
 	return s
 }
 
+// Changes returns a channel that receives a value after the cache changed
+// (once at first), without the changes themselves (Subscribe has them),
+// and the function that stops it: for a reader that looks at the whole
+// cache again whatever changed.
+func (c *Cache[T]) Changes() (changed <-chan struct{}, stop func()) {
+	s := &Subscription[T]{signal: make(chan struct{}, 1), signalOnly: true}
+	c.mu.Lock()
+	c.subs = append(c.subs, s)
+	c.mu.Unlock()
+	s.notify()
+	return s.signal, func() { c.Unsubscribe(s) }
+}
+
 // Unsubscribe stops delivering changes to s.
 func (c *Cache[T]) Unsubscribe(s *Subscription[T]) {
 	c.mu.Lock()
@@ -450,12 +463,16 @@ type Subscription[T any] struct {
 	mu     sync.Mutex
 	queue  []Change[T]
 	signal chan struct{}
+	// signalOnly keeps no changes (Changes).
+	signalOnly bool
 }
 
 func (s *Subscription[T]) push(ch Change[T]) {
-	s.mu.Lock()
-	s.queue = append(s.queue, ch)
-	s.mu.Unlock()
+	if !s.signalOnly {
+		s.mu.Lock()
+		s.queue = append(s.queue, ch)
+		s.mu.Unlock()
+	}
 	s.notify()
 }
 

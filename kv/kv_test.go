@@ -269,6 +269,40 @@ func TestCacheQueuesChangesInOrder(t *testing.T) {
 	}
 }
 
+// Changes signals once at first, then after each change (many changes
+// may make one signal), and nothing once stopped; it keeps no changes.
+func TestCacheChangesSignals(t *testing.T) {
+	t.Parallel()
+	b := buckets(t)
+	c := kv.NewCache(b.Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	changed, stop := c.Changes()
+	select {
+	case <-changed:
+	default:
+		t.Fatal("no first signal")
+	}
+	select {
+	case <-changed:
+		t.Fatal("a signal with nothing changed")
+	default:
+	}
+	for rev := uint64(1); rev <= 3; rev++ {
+		c.Apply(kv.Entry[kv.Node]{Key: "n", Value: kv.Node{ID: "n"}, Revision: rev})
+	}
+	select {
+	case <-changed:
+	default:
+		t.Fatal("no signal after changes")
+	}
+	stop()
+	c.Apply(kv.Entry[kv.Node]{Key: "n", Value: kv.Node{ID: "n"}, Revision: 4})
+	select {
+	case <-changed:
+		t.Fatal("a signal after stop")
+	default:
+	}
+}
+
 // A process configured with another lease TTL than the buckets' adopts the
 // buckets' and says so.
 func TestEnsureAdoptsTheBucketsLeaseTTL(t *testing.T) {

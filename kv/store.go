@@ -13,29 +13,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/wait"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
-// Sentinel errors of the stores.
+// Sentinel errors of the stores (package record's).
 var (
-	// ErrNotFound: the key does not exist (or was deleted).
-	ErrNotFound = errors.New("record not found")
-	// ErrConflict: the record changed since it was read (revision mismatch);
-	// re-read and decide again.
-	ErrConflict = errors.New("record changed since it was read")
-	// ErrExists: Create found the key already there.
-	ErrExists = errors.New("record already exists")
-	// ErrBadRecord: the stored value is not a valid record.
-	ErrBadRecord = errors.New("stored value is not a valid record")
-	// ErrSkip, returned by a Modify function, ends Modify without writing.
-	ErrSkip = errors.New("no change")
+	ErrNotFound  = record.ErrNotFound
+	ErrConflict  = record.ErrConflict
+	ErrExists    = record.ErrExists
+	ErrBadRecord = record.ErrBadRecord
+	ErrSkip      = record.ErrSkip
 )
 
 // Entry is a record with its key and revision.
-type Entry[T any] struct {
-	Key      string
-	Value    T
-	Revision uint64
-}
+type Entry[T any] = record.Entry[T]
 
 // Store reads and writes records of one type in one bucket. Every change is
 // revision-checked: Update and Delete take the revision the caller read.

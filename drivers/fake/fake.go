@@ -314,7 +314,7 @@ func (p *Provider) ListInstances(ctx context.Context) ([]drivers.Instance, error
 	if err := p.cache.Sync(ctx); err != nil {
 		return nil, err
 	}
-	var out []drivers.Instance
+	out := make([]drivers.Instance, 0, p.cache.Len())
 	p.cache.Range(func(e *kv.Entry[InstanceRecord]) bool {
 		out = append(out, p.toInstance(&e.Value))
 		return true

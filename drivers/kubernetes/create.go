@@ -14,7 +14,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // Steps of a create, in order; each Advance makes one. Every step makes
@@ -187,7 +187,7 @@ func (m *createMachine) waitToken(ctx context.Context, pl *config.PoolLabel) (dr
 // instance is the node's namespace as the launcher records it.
 func (m *createMachine) instance(pl *config.PoolLabel, token string, ca []byte) drivers.Instance {
 	p := m.p
-	acc := &kv.KubernetesAccess{Name: m.st.Namespace, Namespace: m.st.Namespace, Host: p.Host(), SkipTLS: p.rest.Insecure,
+	acc := &record.KubernetesAccess{Name: m.st.Namespace, Namespace: m.st.Namespace, Host: p.Host(), SkipTLS: p.rest.Insecure,
 		Token: token, User: User}
 	if !acc.SkipTLS {
 		acc.CACert = base64.StdEncoding.EncodeToString(ca)
