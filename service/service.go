@@ -152,7 +152,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// Zuul alone needs none.
 	p.providers = map[string]drivers.Provider{}
 	if s.HasRole(config.RoleLauncher) || s.HasRole(config.RoleBuilder) {
-		if p.providers, err = NewProviders(ctx, p.js, cfg, DriverOptions{Replicas: s.Replicas, Views: p.views, Log: log}); err != nil {
+		if p.providers, err = NewProviders(ctx, p.js, cfg, DriverOptions{Replicas: s.Replicas, Views: p.views, Buckets: p.buckets, Log: log}); err != nil {
 			return nil, err
 		}
 	}
@@ -168,7 +168,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 			NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-				drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: s.Replicas, Views: p.views, Log: log})
+				drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: s.Replicas, Views: p.views, Buckets: p.buckets, Log: log})
 				if err != nil {
 					return nil, err
 				}
@@ -272,6 +272,9 @@ type DriverOptions struct {
 	// metastatic drivers read instead of caches of their own (nil: their
 	// own).
 	Views *kv.Views
+	// Buckets are the process's buckets (nil: opened for the static and
+	// metastatic drivers' views).
+	Buckets *kv.Buckets
 	// Clock is the time the metastatic driver goes by (nil: the real
 	// one); a launcher given a fake clock in a test gives its
 	// metastatic providers the same.
@@ -303,10 +306,18 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 	switch pc.Driver {
 	case "fake":
 		return fake.New(ctx, js, pc, o.Replicas, log)
-	case "static":
-		return static.New(ctx, js, pc, static.Options{Views: o.Views, Clock: o.Clock, Log: log})
-	case "metastatic":
-		return metastatic.New(ctx, js, pc, metastatic.Options{Views: o.Views, Clock: o.Clock, Log: log})
+	case "static", "metastatic":
+		b := o.Buckets
+		if b == nil {
+			var err error
+			if b, err = kv.Open(ctx, js); err != nil {
+				return nil, fmt.Errorf("provider %s: %w", pc.Name, err)
+			}
+		}
+		if pc.Driver == "static" {
+			return static.New(pc, static.Options{Nodes: o.Views.Nodes(b, log), Clock: o.Clock, Log: log})
+		}
+		return metastatic.New(js, pc, metastatic.Options{Nodes: o.Views.Nodes(b, log), Requests: o.Views.Requests(b, log), Clock: o.Clock, Log: log})
 	case "aws":
 		return aws.New(ctx, pc, aws.Options{Log: log})
 	case "openstack":
@@ -384,7 +395,7 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 			next[pc.Name] = p.providers[pc.Name]
 			continue
 		}
-		drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: p.Settings.Replicas, Views: p.views, Log: p.Log})
+		drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: p.Settings.Replicas, Views: p.views, Buckets: p.buckets, Log: p.Log})
 		if err != nil {
 			undo()
 			return err

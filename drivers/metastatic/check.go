@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/drivers/hostkeys"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // checkConnection checks, for a label with host-key-checking, that a
@@ -17,7 +17,7 @@ import (
 // as Nodepool does each time it allocates a slot: the SSH host keys are
 // gathered by a handshake (and become the carved node's host_keys); a
 // winrm node must accept a TCP connection. boot-timeout bounds it.
-func (p *Provider) checkConnection(ctx context.Context, bn *kv.Node) ([]string, error) {
+func (p *Provider) checkConnection(ctx context.Context, bn *record.Node) ([]string, error) {
 	port := bn.ConnectionPort
 	if port == 0 {
 		port = 22
@@ -52,10 +52,10 @@ func (p *Provider) checkConnection(ctx context.Context, bn *kv.Node) ([]string, 
 // on it failed: it takes no new slots, and goes back as soon as its carved
 // nodes are gone.
 func (p *Provider) failBacking(ctx context.Context, id string, why error) {
-	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+	_, err := p.nodes.Modify(ctx, id, func(n *record.Node) error {
 		d, ok := p.owned(n)
 		if !ok || d.Failed != "" {
-			return kv.ErrSkip
+			return record.ErrSkip
 		}
 		d.Failed = truncate(why.Error())
 		n.UserData = encodeJSON(d)
@@ -64,7 +64,7 @@ func (p *Provider) failBacking(ctx context.Context, id string, why error) {
 	switch {
 	case err == nil:
 		p.log.Warn("backing node failed a host-key check; it takes no new slots", "backing_node", id, "err", why)
-	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+	case !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil:
 		p.log.Warn("could not mark a backing node failed", "backing_node", id, "err", err)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // Drain is called every cleanup sweep while the provider is drained (it
@@ -21,7 +21,7 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	carved := false // a carved node record of the provider is left
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		carved = e.Value.Provider == p.cfg.Name
 		return !carved
 	})
@@ -41,15 +41,15 @@ func (p *Provider) Drain(ctx context.Context) (int, error) {
 // many there were, and why those that could not be deleted could not.
 func (p *Provider) withdrawRequests(ctx context.Context) (int, []error) {
 	var errs []error
-	var requests []kv.Entry[kv.Request]
-	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	var requests []record.Entry[record.Request]
+	p.requests.Range(func(e *record.Entry[record.Request]) bool {
 		if e.Value.Requestor == p.me {
 			requests = append(requests, *e)
 		}
 		return true
 	})
 	for _, e := range requests {
-		if err := p.b.Requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, kv.ErrNotFound) && !errors.Is(err, kv.ErrConflict) {
+		if err := p.requests.Delete(ctx, e.Key, e.Revision); err != nil && !errors.Is(err, record.ErrNotFound) && !errors.Is(err, record.ErrConflict) {
 			errs = append(errs, fmt.Errorf("withdrawing backing request %s: %w", e.Key, err))
 		}
 	}
@@ -61,7 +61,7 @@ func (p *Provider) withdrawRequests(ctx context.Context) (int, []error) {
 func (p *Provider) givable(carved bool) (int, []string) {
 	held := 0
 	var give []string
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		d, isHeld, err := p.held(&e.Value)
 		if !isHeld {
 			return true
@@ -80,22 +80,22 @@ func (p *Provider) givable(carved bool) (int, []string) {
 // giveBack gives a backing node of a removed provider back (used), unless
 // a slot of it was taken meanwhile.
 func (p *Provider) giveBack(ctx context.Context, id string, now time.Time) error {
-	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+	_, err := p.nodes.Modify(ctx, id, func(n *record.Node) error {
 		d, isHeld, err := p.held(n)
 		if !isHeld || (err == nil && d.Used() > 0) {
-			return kv.ErrSkip
+			return record.ErrSkip
 		}
 		if err == nil {
 			d.Released = &now
 			n.UserData = encodeJSON(d)
 		}
-		n.SetState(kv.NodeUsed, now)
+		n.SetState(record.NodeUsed, now)
 		return nil
 	})
 	switch {
 	case err == nil:
 		p.log.Info("gave back a backing node of a removed provider", "backing_node", id)
-	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound):
+	case !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound):
 		return fmt.Errorf("giving back backing node %s: %w", id, err)
 	}
 	return nil

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/nodepool-nats/nodepool/events"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // filedTimeout is how long a backing request published by this process
@@ -39,18 +39,16 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		return
 	}
 	p.awaitIntake(ctx)
-	nodeSub := p.nodes.Subscribe()
-	defer p.nodes.Unsubscribe(nodeSub)
-	reqSub := p.requests.Subscribe()
-	defer p.requests.Unsubscribe(reqSub)
+	nodesChanged, stopNodes := p.nodes.Changes()
+	defer stopNodes()
+	requestsChanged, stopRequests := p.requests.Changes()
+	defer stopRequests()
 	tick := p.clock.NewTicker(interval)
 	defer tick.Stop()
 	// One term of the manager at a time in a process (its lease): the
 	// terms share what they filed.
 	m := &manager{p: p, filed: p.filed, orphans: map[string]int{}, broken: map[string]uint64{}}
 	for {
-		nodeSub.Drain()
-		reqSub.Drain()
 		if !m.safePass(ctx) {
 			// No hot loop on a pass that fails: the next one waits for
 			// the tick.
@@ -64,8 +62,8 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-nodeSub.C():
-		case <-reqSub.C():
+		case <-nodesChanged:
+		case <-requestsChanged:
 		case <-tick.C():
 		}
 		// Let a burst of changes settle into one pass. The settling is
@@ -123,7 +121,7 @@ type filed struct {
 
 // ourRequest is a backing request of ours with its requestor_data.
 type ourRequest struct {
-	kv.Entry[kv.Request]
+	record.Entry[record.Request]
 	data RequestData
 }
 
@@ -161,7 +159,7 @@ func (m *manager) pass(ctx context.Context) {
 
 	m.dropOrphans(ctx, backings)
 	for _, r := range requests {
-		if r.Value.State == kv.RequestFailed {
+		if r.Value.State == record.RequestFailed {
 			m.guard("request", r.Key, r.Revision, func() { m.clearFailed(ctx, r.Entry, waiting, now) })
 		}
 	}
@@ -176,12 +174,12 @@ func (m *manager) pass(ctx context.Context) {
 func (m *manager) readRequests(ctx context.Context, now time.Time) []ourRequest {
 	p := m.p
 	type refused struct {
-		e   kv.Entry[kv.Request]
+		e   record.Entry[record.Request]
 		why error
 	}
 	var requests []ourRequest
 	var invalid []refused
-	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	p.requests.Range(func(e *record.Entry[record.Request]) bool {
 		d, ours, err := p.backingRequest(&e.Value)
 		switch {
 		case !ours:
@@ -203,7 +201,7 @@ func (m *manager) readRequests(ctx context.Context, now time.Time) []ourRequest 
 func (m *manager) adoptFulfilled(ctx context.Context, requests []ourRequest) map[string]bool {
 	untaken := map[string]bool{}
 	for _, r := range requests {
-		if r.Value.State != kv.RequestFulfilled {
+		if r.Value.State != record.RequestFulfilled {
 			continue
 		}
 		untaken[r.Key] = true
@@ -218,13 +216,13 @@ func (m *manager) adoptFulfilled(ctx context.Context, requests []ourRequest) map
 
 // waitingNodes are the carved nodes that wait for a slot (building, their
 // machine found none), by id, and how many wait by backing label.
-func (m *manager) waitingNodes(allocated map[string]bool) (map[string]*kv.Node, map[string]int) {
+func (m *manager) waitingNodes(allocated map[string]bool) (map[string]*record.Node, map[string]int) {
 	p := m.p
-	waiting := map[string]*kv.Node{}
+	waiting := map[string]*record.Node{}
 	waitingIn := map[string]int{}
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		n := &e.Value
-		if n.Provider != p.cfg.Name || n.State != kv.NodeBuilding || allocated[e.Key] || len(n.Labels) == 0 {
+		if n.Provider != p.cfg.Name || n.State != record.NodeBuilding || allocated[e.Key] || len(n.Labels) == 0 {
 			return true
 		}
 		if d, err := decodeCarved(n.DriverData); err == nil && d.Step == StepWaiting {
@@ -261,9 +259,9 @@ func (m *manager) count(requests []ourRequest, untaken map[string]bool, backings
 		delete(m.filed, r.Key)
 		group := r.Value.Labels[0]
 		switch r.Value.State {
-		case kv.RequestRequested, kv.RequestPending:
+		case record.RequestRequested, record.RequestPending:
 			d.open[group] = append(d.open[group], r)
-		case kv.RequestFulfilled:
+		case record.RequestFulfilled:
 			if untaken[r.Key] {
 				d.room[group] += r.data.Slots
 			}
@@ -300,8 +298,8 @@ func (m *manager) countFiled(d demand, now time.Time) {
 
 // coverWaiting gives the waiting nodes that no request covers free slots,
 // room in open requests, or new backing requests.
-func (m *manager) coverWaiting(ctx context.Context, waiting map[string]*kv.Node, d demand, now time.Time) {
-	uncovered := map[string][]*kv.Node{}
+func (m *manager) coverWaiting(ctx context.Context, waiting map[string]*record.Node, d demand, now time.Time) {
+	uncovered := map[string][]*record.Node{}
 	for id, n := range waiting {
 		if d.covered[id] {
 			continue
@@ -311,7 +309,7 @@ func (m *manager) coverWaiting(ctx context.Context, waiting map[string]*kv.Node,
 		}
 	}
 	for group, nodes := range uncovered {
-		slices.SortFunc(nodes, func(a, b *kv.Node) int {
+		slices.SortFunc(nodes, func(a, b *record.Node) int {
 			return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
 		skip := min(len(nodes), max(d.room[group], 0))
@@ -366,27 +364,27 @@ func allocatedNodes(backings []backing) map[string]bool {
 // refuse fails a backing request of ours whose requestor_data is not valid
 // (made by hand, corrupt, or from a newer version), saying why, so that
 // its node, if any, goes back to its pool; it is deleted after a while.
-func (m *manager) refuse(ctx context.Context, e kv.Entry[kv.Request], why error, now time.Time) {
+func (m *manager) refuse(ctx context.Context, e record.Entry[record.Request], why error, now time.Time) {
 	p := m.p
-	if e.Value.State == kv.RequestFailed {
+	if e.Value.State == record.RequestFailed {
 		if now.Sub(e.Value.StateTime) >= failedRequestKeep {
 			m.deleteRequest(ctx, e)
 		}
 		return
 	}
 	reason := fmt.Sprintf("not a backing request metastatic provider %s can use: %v", p.cfg.Name, why)
-	_, err := p.requests.Modify(ctx, e.Key, func(r *kv.Request) error {
-		if _, ours, err := p.backingRequest(r); !ours || err == nil || r.State == kv.RequestFailed {
-			return kv.ErrSkip
+	_, err := p.requests.Modify(ctx, e.Key, func(r *record.Request) error {
+		if _, ours, err := p.backingRequest(r); !ours || err == nil || r.State == record.RequestFailed {
+			return record.ErrSkip
 		}
-		r.SetState(kv.RequestFailed, now)
+		r.SetState(record.RequestFailed, now)
 		r.Reason = reason
 		return nil
 	})
 	switch {
 	case err == nil:
 		p.log.Warn("failed a backing request that is not valid", "request", e.Key, "reason", reason)
-	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+	case !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil:
 		p.log.Warn("could not fail a backing request that is not valid", "request", e.Key, "err", err)
 	}
 }
@@ -399,7 +397,7 @@ func (m *manager) releaseUnreadable(ctx context.Context) {
 	p := m.p
 	unreadable := map[string]error{}
 	named := map[string]bool{}
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		n := &e.Value
 		if _, held, err := p.held(n); held && err != nil {
 			unreadable[e.Key] = err
@@ -416,17 +414,17 @@ func (m *manager) releaseUnreadable(ctx context.Context) {
 			continue
 		}
 		now := p.clock.Now().UTC()
-		_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+		_, err := p.nodes.Modify(ctx, id, func(n *record.Node) error {
 			if _, held, err := p.held(n); !held || err == nil {
-				return kv.ErrSkip
+				return record.ErrSkip
 			}
-			n.SetState(kv.NodeUsed, now)
+			n.SetState(record.NodeUsed, now)
 			return nil
 		})
 		switch {
 		case err == nil:
 			p.log.Warn("gave back a node held by this provider without a valid slot map", "backing_node", id, "reason", why)
-		case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+		case !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil:
 			p.log.Warn("could not give back a node without a valid slot map", "backing_node", id, "err", err)
 		}
 	}
@@ -462,9 +460,9 @@ func (m *manager) dropOrphans(ctx context.Context, backings []backing) {
 func (m *manager) orphaned(ours map[string]bool) map[string]bool {
 	p := m.p
 	seen := map[string]bool{}
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		n := &e.Value
-		if n.Provider != p.cfg.Name || n.State != kv.NodeReady {
+		if n.Provider != p.cfg.Name || n.State != record.NodeReady {
 			return true
 		}
 		if d, err := decodeCarved(n.DriverData); err == nil && d.BackingNode != "" && !ours[d.BackingNode] {
@@ -479,18 +477,18 @@ func (m *manager) orphaned(ours map[string]bool) map[string]bool {
 // one of ours.
 func (m *manager) deleteOrphan(ctx context.Context, id string, ours map[string]bool) {
 	p := m.p
-	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+	_, err := p.nodes.Modify(ctx, id, func(n *record.Node) error {
 		d, err := decodeCarved(n.DriverData)
-		if n.State != kv.NodeReady || err != nil || ours[d.BackingNode] {
-			return kv.ErrSkip
+		if n.State != record.NodeReady || err != nil || ours[d.BackingNode] {
+			return record.ErrSkip
 		}
 		p.log.Info("deleting a carved node whose backing node is gone", "node", id, "backing_node", d.BackingNode)
-		n.SetState(kv.NodeDeleting, p.clock.Now().UTC())
+		n.SetState(record.NodeDeleting, p.clock.Now().UTC())
 		n.Launcher = ""
 		n.Comment = "backing node " + d.BackingNode + " is gone"
 		return nil
 	})
-	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+	if err != nil && !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil {
 		p.log.Warn("could not delete orphaned carved node", "node", id, "err", err)
 	}
 }
@@ -501,7 +499,7 @@ var errNotOpen = errors.New("backing request no longer open")
 // cover puts carved nodes that wait for a slot on a backing node of a
 // backing label into open backing requests with room, and files new
 // backing requests for the rest.
-func (m *manager) cover(ctx context.Context, group string, nodes []*kv.Node, open []ourRequest, now time.Time) {
+func (m *manager) cover(ctx context.Context, group string, nodes []*record.Node, open []ourRequest, now time.Time) {
 	if len(nodes) == 0 {
 		return
 	}
@@ -537,7 +535,7 @@ func (m *manager) joinOpen(ctx context.Context, ids []string, open []ourRequest)
 		}
 		added, err := m.join(ctx, r.Key, ids)
 		switch {
-		case errors.Is(err, errNotOpen), errors.Is(err, kv.ErrNotFound):
+		case errors.Is(err, errNotOpen), errors.Is(err, record.ErrNotFound):
 			return nil, false
 		case err != nil:
 			continue
@@ -564,19 +562,19 @@ func (m *manager) full(r ourRequest) bool {
 func (m *manager) join(ctx context.Context, key string, ids []string) ([]string, error) {
 	p := m.p
 	var added []string
-	_, err := p.requests.Modify(ctx, key, func(req *kv.Request) error {
-		if req.State != kv.RequestRequested && req.State != kv.RequestPending {
+	_, err := p.requests.Modify(ctx, key, func(req *record.Request) error {
+		if req.State != record.RequestRequested && req.State != record.RequestPending {
 			return errNotOpen
 		}
 		d, ours, err := p.backingRequest(req)
 		if !ours || err != nil {
-			return kv.ErrSkip
+			return record.ErrSkip
 		}
 		// Nodes that stopped waiting (failed, deleted) leave room.
 		d.Nodes = slices.DeleteFunc(d.Nodes, func(id string) bool { return !m.stillWaiting(id) })
 		room := d.Slots - len(d.Nodes)
 		if room <= 0 {
-			return kv.ErrSkip
+			return record.ErrSkip
 		}
 		added = nil
 		for _, id := range ids {
@@ -674,7 +672,7 @@ func (m *manager) republish(ctx context.Context, now time.Time) {
 // ever given by the machine of its carved node, so that no node can get
 // two. It reports false when the node is still to take (a passing
 // trouble with the records).
-func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
+func (m *manager) adopt(ctx context.Context, e record.Entry[record.Request]) bool {
 	p := m.p
 	r := &e.Value
 	d, _, err := p.backingRequest(r)
@@ -687,11 +685,11 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 	now := p.clock.Now().UTC()
 	bd := BackingData{Owner: p.me, Pool: d.Pool, Label: d.Label, Slots: d.Slots, Allocations: make([]string, d.Slots), Request: r.ID, Taken: now, IdleSince: &now,
 		Reserved: slices.Clone(d.Nodes[:min(len(d.Nodes), d.Slots)])}
-	cur, err := p.nodes.Modify(ctx, nodeID, func(n *kv.Node) error {
-		if n.State != kv.NodeReady || n.AllocatedTo != r.ID || len(n.Labels) != 1 || n.Labels[0] != group {
-			return kv.ErrSkip
+	cur, err := p.nodes.Modify(ctx, nodeID, func(n *record.Node) error {
+		if n.State != record.NodeReady || n.AllocatedTo != r.ID || len(n.Labels) != 1 || n.Labels[0] != group {
+			return record.ErrSkip
 		}
-		n.SetState(kv.NodeInUse, now)
+		n.SetState(record.NodeInUse, now)
 		n.Holder = p.me
 		n.LeaseUntil = nil
 		n.UserData = encodeJSON(bd)
@@ -700,13 +698,13 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 	switch {
 	case err == nil:
 		p.log.Info("took a backing node", "backing_node", nodeID, "request", r.ID, "backing_label", group, "slots", d.Slots, "waiting", d.Nodes)
-	case errors.Is(err, kv.ErrSkip):
+	case errors.Is(err, record.ErrSkip):
 		if bdata, ours := p.owned(&cur.Value); !ours || bdata.Request != r.ID {
 			// Not ready for us and not ours: something else happened
 			// to it (an operator's delete); the request is of no use.
 			p.log.Warn("backing node of a fulfilled request is not there to take", "backing_node", nodeID, "request", r.ID, "state", cur.Value.State)
 		}
-	case errors.Is(err, kv.ErrNotFound):
+	case errors.Is(err, record.ErrNotFound):
 		p.log.Warn("backing node of a fulfilled request is gone", "backing_node", nodeID, "request", r.ID)
 	default:
 		return false // try again next pass
@@ -717,7 +715,7 @@ func (m *manager) adopt(ctx context.Context, e kv.Entry[kv.Request]) bool {
 
 // clearFailed deletes a failed backing request once no carved node waits
 // for it any more (they fail with its reason), or after a while.
-func (m *manager) clearFailed(ctx context.Context, e kv.Entry[kv.Request], waiting map[string]*kv.Node, now time.Time) {
+func (m *manager) clearFailed(ctx context.Context, e record.Entry[record.Request], waiting map[string]*record.Node, now time.Time) {
 	d, _, _ := m.p.backingRequest(&e.Value)
 	if now.Sub(e.Value.StateTime) < failedRequestKeep && slices.ContainsFunc(d.Nodes, func(id string) bool { return waiting[id] != nil }) {
 		return
@@ -725,9 +723,9 @@ func (m *manager) clearFailed(ctx context.Context, e kv.Entry[kv.Request], waiti
 	m.deleteRequest(ctx, e)
 }
 
-func (m *manager) deleteRequest(ctx context.Context, e kv.Entry[kv.Request]) {
-	err := m.p.b.Requests.Delete(ctx, e.Key, e.Revision)
-	if err != nil && !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
+func (m *manager) deleteRequest(ctx context.Context, e record.Entry[record.Request]) {
+	err := m.p.requests.Delete(ctx, e.Key, e.Revision)
+	if err != nil && !errors.Is(err, record.ErrConflict) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil {
 		m.p.log.Warn("could not delete backing request", "request", e.Key, "err", err)
 	}
 }
@@ -736,20 +734,20 @@ func (m *manager) deleteRequest(ctx context.Context, e kv.Entry[kv.Request]) {
 // The revision check makes sure no slot was taken meanwhile.
 func (m *manager) release(ctx context.Context, id string, now time.Time) {
 	p := m.p
-	_, err := p.nodes.Modify(ctx, id, func(n *kv.Node) error {
+	_, err := p.nodes.Modify(ctx, id, func(n *record.Node) error {
 		d, ok := p.owned(n)
 		if !ok || d.Used() > 0 {
-			return kv.ErrSkip
+			return record.ErrSkip
 		}
 		d.Released = &now
 		n.UserData = encodeJSON(d)
-		n.SetState(kv.NodeUsed, now)
+		n.SetState(record.NodeUsed, now)
 		return nil
 	})
 	switch {
 	case err == nil:
 		p.log.Info("gave back a backing node", "backing_node", id)
-	case !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil:
+	case !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) && ctx.Err() == nil:
 		p.log.Warn("could not give back a backing node", "backing_node", id, "err", err)
 	}
 }

@@ -48,7 +48,7 @@ func newTestEnv(t *testing.T, yaml string) *testEnv {
 		t.Fatal(err)
 	}
 	meta, _ := cfg.Provider("meta")
-	p, err := New(ctx, js, meta, Options{Log: log})
+	p, err := New(js, meta, views(t, js, log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,4 +283,15 @@ func TestGuardLeavesAPanickingRecordAlone(t *testing.T) {
 	if runs != 2 || !ok {
 		t.Errorf("runs = %d, other record handled = %v; want 2, true", runs, ok)
 	}
+}
+
+// views are a provider's options with views of the records of its own,
+// on js's connection, as a process gives them.
+func views(tb testing.TB, js jetstream.JetStream, log *slog.Logger) Options {
+	tb.Helper()
+	b, err := kv.Open(tb.Context(), js)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return Options{Nodes: kv.NewCache(b.Nodes, log), Requests: kv.NewCache(b.Requests, log), Log: log}
 }

@@ -30,7 +30,7 @@ import (
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/internal/clock"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // Requestor is the requestor name of a metastatic provider's backing
@@ -45,9 +45,8 @@ type Provider struct {
 	cfg      *config.Provider
 	me       string
 	js       jetstream.JetStream
-	b        *kv.Buckets
-	nodes    *kv.Cache[kv.Node]
-	requests *kv.Cache[kv.Request]
+	nodes    drivers.Records[record.Node]
+	requests drivers.Records[record.Request]
 	log      *slog.Logger
 	// clock is the time slots, grace-time, max-age, min-retention-time
 	// and the manager's passes go by.
@@ -64,9 +63,11 @@ type Provider struct {
 // Options are what a metastatic provider is made with besides its
 // configuration.
 type Options struct {
-	// Views are the process's views of the node and request records,
-	// shared with its roles (nil: caches of the provider's own).
-	Views *kv.Views
+	// Nodes and Requests are the process's views of the node and request
+	// records, shared with its roles; the provider writes its backing
+	// nodes' slot maps and deletes its backing requests through them.
+	Nodes    drivers.Records[record.Node]
+	Requests drivers.Records[record.Request]
 	// Clock is the time the provider goes by (nil: the real one): the
 	// times written in its slot maps and the grace-time, max-age,
 	// min-retention-time and sweeps of its manager, which takes a pass
@@ -75,23 +76,22 @@ type Options struct {
 	Log   *slog.Logger
 }
 
-// New prepares a metastatic provider and starts watching the node and
-// request records. The buckets and streams must exist.
-func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, o Options) (*Provider, error) {
+// New prepares a metastatic provider and starts following the node and
+// request records. It files its backing requests as a requestor does, on
+// js; the streams must exist.
+func New(js jetstream.JetStream, cfg *config.Provider, o Options) (*Provider, error) {
 	if cfg.Driver != "metastatic" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not metastatic", cfg.Name, cfg.Driver)
 	}
-	b, err := kv.Open(ctx, js)
-	if err != nil {
-		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
+	if o.Nodes == nil || o.Requests == nil {
+		return nil, fmt.Errorf("provider %s: no view of the node and request records", cfg.Name)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.Real()
 	}
-	log := o.Log.With("provider", cfg.Name)
 	p := &Provider{
-		cfg: cfg, me: Requestor(cfg.Name), js: js, b: b, log: log, clock: o.Clock,
-		nodes: o.Views.Nodes(b, log), requests: o.Views.Requests(b, log),
+		cfg: cfg, me: Requestor(cfg.Name), js: js, log: o.Log.With("provider", cfg.Name), clock: o.Clock,
+		nodes: o.Nodes, requests: o.Requests,
 		filed: map[string]filed{},
 	}
 	p.stopNodes, p.stopRequests = p.nodes.Start(), p.requests.Start()
@@ -159,7 +159,7 @@ func slotsOf(lc *config.PoolLabel) int { return min(max(lc.MaxParallelJobs, 1), 
 // backing is a backing node of ours with its slot map; group is its label,
 // the backing label of the carved labels that share it.
 type backing struct {
-	kv.Entry[kv.Node]
+	record.Entry[record.Node]
 	data  BackingData
 	group string
 }
@@ -167,8 +167,8 @@ type backing struct {
 // held reports whether a node is held by this provider (in-use, holder
 // ours): a backing node of ours, whose slot map is read and checked.
 // err says why a node we hold has no valid slot map.
-func (p *Provider) held(n *kv.Node) (d BackingData, held bool, err error) {
-	if n.State != kv.NodeInUse || n.Holder != p.me {
+func (p *Provider) held(n *record.Node) (d BackingData, held bool, err error) {
+	if n.State != record.NodeInUse || n.Holder != p.me {
 		return BackingData{}, false, nil
 	}
 	d, err = decodeBacking(n.UserData)
@@ -185,7 +185,7 @@ func (p *Provider) held(n *kv.Node) (d BackingData, held bool, err error) {
 
 // owned reports whether a node is one of our backing nodes with a valid
 // slot map, and its data.
-func (p *Provider) owned(n *kv.Node) (BackingData, bool) {
+func (p *Provider) owned(n *record.Node) (BackingData, bool) {
 	d, held, err := p.held(n)
 	return d, held && err == nil
 }
@@ -193,7 +193,7 @@ func (p *Provider) owned(n *kv.Node) (BackingData, bool) {
 // backings lists our backing nodes.
 func (p *Provider) backings() []backing {
 	var out []backing
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		if d, ok := p.owned(&e.Value); ok {
 			out = append(out, backing{Entry: *e, data: d, group: e.Value.Labels[0]})
 		}
@@ -240,7 +240,7 @@ func (p *Provider) allocate(ctx context.Context, nodeID, group string) (string, 
 		case err == nil:
 			p.log.Debug("slot allocated", "node", nodeID, "backing_node", b.Key, "slot", slot)
 			return b.Key, slot, nil
-		case errors.Is(err, errNoSlot), errors.Is(err, kv.ErrNotFound):
+		case errors.Is(err, errNoSlot), errors.Is(err, record.ErrNotFound):
 			continue
 		default:
 			return "", -1, err
@@ -272,7 +272,7 @@ func (p *Provider) candidates(all []backing, group string, now time.Time) []back
 // revision-checked update; errNoSlot says it has none (any more).
 func (p *Provider) takeSlot(ctx context.Context, backingNode, nodeID, group string) (int, error) {
 	slot := -1
-	_, err := p.nodes.Modify(ctx, backingNode, func(n *kv.Node) error {
+	_, err := p.nodes.Modify(ctx, backingNode, func(n *record.Node) error {
 		d, ok := p.owned(n)
 		if !ok || n.Labels[0] != group || d.Failed != "" || n.InstanceDown != "" {
 			return errNoSlot
@@ -290,7 +290,7 @@ func (p *Provider) takeSlot(ctx context.Context, backingNode, nodeID, group stri
 // record is building).
 func (p *Provider) waiting(id string) bool {
 	e, ok := p.nodes.Get(id)
-	return ok && e.Value.State == kv.NodeBuilding
+	return ok && e.Value.State == record.NodeBuilding
 }
 
 // deallocate frees a carved node's slot, wherever it is.
@@ -299,15 +299,15 @@ func (p *Provider) deallocate(ctx context.Context, nodeID string) error {
 		if b.data.SlotOf(nodeID) < 0 {
 			continue
 		}
-		_, err := p.nodes.Modify(ctx, b.Key, func(n *kv.Node) error {
+		_, err := p.nodes.Modify(ctx, b.Key, func(n *record.Node) error {
 			d, ok := p.owned(n)
 			if !ok || !d.free(nodeID, p.clock.Now().UTC()) {
-				return kv.ErrSkip
+				return record.ErrSkip
 			}
 			n.UserData = encodeJSON(d)
 			return nil
 		})
-		if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) {
+		if err != nil && !errors.Is(err, record.ErrSkip) && !errors.Is(err, record.ErrNotFound) {
 			return err
 		}
 		if err == nil {
@@ -319,7 +319,7 @@ func (p *Provider) deallocate(ctx context.Context, nodeID string) error {
 
 // backingRequest reads a request of ours: ok when its requestor is this
 // provider; err says why its requestor_data is not valid.
-func (p *Provider) backingRequest(r *kv.Request) (d RequestData, ok bool, err error) {
+func (p *Provider) backingRequest(r *record.Request) (d RequestData, ok bool, err error) {
 	if r.Requestor != p.me {
 		return RequestData{}, false, nil
 	}
@@ -339,9 +339,9 @@ func (p *Provider) backingRequest(r *kv.Request) (d RequestData, ok bool, err er
 // request of ours that is not fulfilled yet.
 func (p *Provider) awaitsBackingNode(nodeID string) bool {
 	found := false
-	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	p.requests.Range(func(e *record.Entry[record.Request]) bool {
 		r := &e.Value
-		if r.State != kv.RequestRequested && r.State != kv.RequestPending {
+		if r.State != record.RequestRequested && r.State != record.RequestPending {
 			return true
 		}
 		if d, ours, err := p.backingRequest(r); ours && err == nil && slices.Contains(d.Nodes, nodeID) {
@@ -354,12 +354,12 @@ func (p *Provider) awaitsBackingNode(nodeID string) bool {
 
 // failedRequestFor returns a failed backing request that a carved node was
 // waiting for.
-func (p *Provider) failedRequestFor(nodeID string) (kv.Request, bool) {
-	var found kv.Request
+func (p *Provider) failedRequestFor(nodeID string) (record.Request, bool) {
+	var found record.Request
 	ok := false
-	p.requests.Range(func(e *kv.Entry[kv.Request]) bool {
+	p.requests.Range(func(e *record.Entry[record.Request]) bool {
 		r := &e.Value
-		if r.State != kv.RequestFailed {
+		if r.State != record.RequestFailed {
 			return true
 		}
 		if d, ours, err := p.backingRequest(r); ours && err == nil && slices.Contains(d.Nodes, nodeID) {
@@ -447,7 +447,7 @@ func (m *createMachine) Advance(ctx context.Context) (drivers.Step, error) {
 
 // instanceOf is a carved node as an instance: the backing node's connection
 // details under the carved node's id.
-func instanceOf(bn *kv.Node, nodeID, name string, tags map[string]string) drivers.Instance {
+func instanceOf(bn *record.Node, nodeID, name string, tags map[string]string) drivers.Instance {
 	inst := drivers.Instance{
 		ExternalID: nodeID, Name: name, Tags: tags,
 		Region: bn.Region, AZ: bn.AZ,

@@ -131,7 +131,7 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 	// both seeing the backing node.
 	waitFor(t, env.p.nodes, "the backing node in the cache", func() bool { return env.p.nodes.Has(backing.ID) })
 	_, pjs := env.srv.Connect(t)
-	second, err := New(ctx, pjs, env.p.cfg, Options{Log: env.log})
+	second, err := New(pjs, env.p.cfg, views(t, pjs, env.log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +219,11 @@ func TestSlotsAreNeverGivenTwice(t *testing.T) {
 
 // waitFor waits up to 10 s for a condition on a cache, checking it at each
 // change.
-func waitFor[T any](t *testing.T, c *kv.Cache[T], what string, cond func() bool) {
+func waitFor[T any](t *testing.T, c drivers.Records[T], what string, cond func() bool) {
 	t.Helper()
-	sub := c.Subscribe()
-	defer c.Unsubscribe(sub)
-	waitfor.Until(t, 10*time.Second, what, cond, waitfor.Changes(sub))
+	changed, stop := c.Changes()
+	defer stop()
+	waitfor.Until(t, 10*time.Second, what, cond, waitfor.Wake(changed))
 }
 
 // BenchmarkSlotCycle measures taking a slot of a backing node and freeing
@@ -253,7 +253,7 @@ func BenchmarkSlotCycle(b *testing.B) {
 		b.Fatal(err)
 	}
 	meta, _ := cfg.Provider("meta")
-	p, err := New(ctx, js, meta, Options{Log: log})
+	p, err := New(js, meta, views(b, js, log))
 	if err != nil {
 		b.Fatal(err)
 	}

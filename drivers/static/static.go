@@ -27,13 +27,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/hostkeys"
 	"github.com/nodepool-nats/nodepool/internal/clock"
-	"github.com/nodepool-nats/nodepool/kv"
+	"github.com/nodepool-nats/nodepool/record"
 )
 
 // maxRecheck bounds the wait between two checks of a host that failed.
@@ -48,8 +46,7 @@ const maxParallelChecks = 16
 // Provider is one static provider.
 type Provider struct {
 	cfg   *config.Provider
-	store *kv.Store[kv.Node]
-	nodes *kv.Cache[kv.Node]
+	nodes drivers.Records[record.Node]
 	log   *slog.Logger
 	// clock is the time the manager's passes and its host checks' backoff
 	// (next_check) go by.
@@ -61,9 +58,9 @@ type Provider struct {
 // Options are what a static provider is made with besides its
 // configuration.
 type Options struct {
-	// Views are the process's views of the node records, shared with its
-	// roles (nil: a cache of the provider's own).
-	Views *kv.Views
+	// Nodes are the process's view of the node records, shared with its
+	// roles; the provider writes its hosts' nodes through it.
+	Nodes drivers.Records[record.Node]
 	// Clock is the time the provider goes by (nil: the real one): its
 	// manager takes a pass whenever it passes another sync interval, and
 	// checks a failing host again when it reaches the host's next_check.
@@ -71,21 +68,18 @@ type Options struct {
 	Log   *slog.Logger
 }
 
-// New prepares a static provider and starts watching the node records.
-// The buckets must exist.
-func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, o Options) (*Provider, error) {
+// New prepares a static provider and starts following the node records.
+func New(cfg *config.Provider, o Options) (*Provider, error) {
 	if cfg.Driver != "static" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not static", cfg.Name, cfg.Driver)
 	}
-	b, err := kv.Open(ctx, js)
-	if err != nil {
-		return nil, fmt.Errorf("provider %s: %w", cfg.Name, err)
+	if o.Nodes == nil {
+		return nil, fmt.Errorf("provider %s: no view of the node records", cfg.Name)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.Real()
 	}
-	log := o.Log.With("provider", cfg.Name)
-	p := &Provider{cfg: cfg, store: b.Nodes, nodes: o.Views.Nodes(b, log), log: log, clock: o.Clock}
+	p := &Provider{cfg: cfg, nodes: o.Nodes, log: o.Log.With("provider", cfg.Name), clock: o.Clock}
 	p.stop = p.nodes.Start()
 	return p, nil
 }
@@ -162,7 +156,7 @@ func decodeNodeData(raw json.RawMessage) (NodeData, error) {
 // nodeData is a node's driver_data, or nothing when it is not valid: its
 // spec then matches no host, so the node is registered again (with data
 // of its own) as soon as it is idle.
-func nodeData(n *kv.Node) NodeData {
+func nodeData(n *record.Node) NodeData {
 	d, _ := decodeNodeData(n.DriverData)
 	return d
 }
@@ -223,7 +217,7 @@ func (p *Provider) registrations() map[string]registration {
 
 // record fills a node record from its registration: everything but the
 // state, the allocation and the host keys.
-func (r *registration) record(n *kv.Node, provider string) {
+func (r *registration) record(n *record.Node, provider string) {
 	h := &r.host
 	n.ID, n.Provider, n.Pool = r.id, provider, r.pool
 	n.Labels = slices.Clone([]string(h.Labels))
@@ -238,7 +232,7 @@ func (r *registration) record(n *kv.Node, provider string) {
 	}
 	n.Username, n.ConnectionType, n.ConnectionPort = h.Username, h.ConnectionType, h.ConnectionPort
 	n.PythonPath, n.ShellType = h.PythonPath, h.ShellType
-	n.Resources = kv.Resources{}
+	n.Resources = record.Resources{}
 	n.Attributes = maps.Clone(r.attrs)
 	if n.Attributes == nil {
 		n.Attributes = map[string]string{}
@@ -247,8 +241,8 @@ func (r *registration) record(n *kv.Node, provider string) {
 
 // Reregister puts a used node back in line: state init, allocation and
 // holder cleared, host to be checked again at once.
-func (p *Provider) Reregister(n *kv.Node, now time.Time) {
-	n.SetState(kv.NodeInit, now)
+func (p *Provider) Reregister(n *record.Node, now time.Time) {
+	n.SetState(record.NodeInit, now)
 	n.AllocatedTo, n.Holder, n.LeaseUntil, n.Requestor, n.Tenant = "", "", nil, "", ""
 	n.Launcher, n.Reason, n.HoldJob, n.HoldExpiration = "", "", "", nil
 	d := nodeData(n)
@@ -263,14 +257,13 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 	if err := p.nodes.WaitSynced(ctx); err != nil {
 		return
 	}
-	sub := p.nodes.Subscribe()
-	defer p.nodes.Unsubscribe(sub)
+	changed, stop := p.nodes.Changes()
+	defer stop()
 	tick := p.clock.NewTicker(interval)
 	defer tick.Stop()
 	m := &manager{p: p, interval: interval, checking: map[string]bool{}, sem: make(chan struct{}, maxParallelChecks), doneC: make(chan struct{}, 1)}
 	defer m.wg.Wait()
 	for {
-		sub.Drain()
 		if !m.safeReconcile(ctx) {
 			// No hot loop on a pass that fails: the next one waits for
 			// the tick.
@@ -284,7 +277,7 @@ func (p *Provider) Manage(ctx context.Context, interval time.Duration) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-sub.C():
+		case <-changed:
 		case <-tick.C():
 		case <-m.doneC:
 		}
@@ -336,8 +329,8 @@ func (m *manager) busy(id string) bool {
 func (m *manager) reconcile(ctx context.Context) {
 	p := m.p
 	want := p.registrations()
-	have := map[string]kv.Entry[kv.Node]{}
-	p.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
+	have := map[string]record.Entry[record.Node]{}
+	p.nodes.Range(func(e *record.Entry[record.Node]) bool {
 		if e.Value.Provider == p.cfg.Name {
 			have[e.Key] = *e
 		}
@@ -355,7 +348,7 @@ func (m *manager) reconcile(ctx context.Context) {
 		}
 		n := &e.Value
 		r, wanted := want[id]
-		idle := n.State == kv.NodeInit || (n.State == kv.NodeReady && n.AllocatedTo == "")
+		idle := n.State == record.NodeInit || (n.State == record.NodeReady && n.AllocatedTo == "")
 		d := nodeData(n)
 		switch {
 		case !wanted:
@@ -370,7 +363,7 @@ func (m *manager) reconcile(ctx context.Context) {
 				}
 				m.update(ctx, r, why, now)
 			}
-		case n.State == kv.NodeInit && !now.Before(d.NextCheck):
+		case n.State == record.NodeInit && !now.Before(d.NextCheck):
 			m.check(ctx, r)
 		}
 	}
@@ -378,14 +371,14 @@ func (m *manager) reconcile(ctx context.Context) {
 
 // register creates the record of a node the configuration asks for.
 func (m *manager) register(ctx context.Context, r registration, now time.Time) {
-	n := &kv.Node{State: kv.NodeInit, HostKeys: []string{}, Created: now, StateTime: now}
+	n := &record.Node{State: record.NodeInit, HostKeys: []string{}, Created: now, StateTime: now}
 	r.record(n, m.p.cfg.Name)
 	n.DriverData = NodeData{Host: r.host.Name, Slot: r.slot, Spec: r.spec}.raw()
 	_, err := m.p.nodes.Create(ctx, r.id, n)
 	switch {
 	case err == nil:
 		m.p.log.Info("registered static node", "node", r.id, "host", r.host.Name, "slot", r.slot, "pool", r.pool)
-	case !errors.Is(err, kv.ErrExists) && ctx.Err() == nil:
+	case !errors.Is(err, record.ErrExists) && ctx.Err() == nil:
 		m.p.log.Warn("could not register static node", "node", r.id, "err", err)
 	}
 }
@@ -393,12 +386,12 @@ func (m *manager) register(ctx context.Context, r registration, now time.Time) {
 // update re-registers an idle node whose host's configuration changed, or
 // whose driver_data is not valid (why says which).
 func (m *manager) update(ctx context.Context, r registration, why string, now time.Time) {
-	_, err := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
-		if n.State != kv.NodeInit && (n.State != kv.NodeReady || n.AllocatedTo != "") {
-			return kv.ErrSkip
+	_, err := m.p.nodes.Modify(ctx, r.id, func(n *record.Node) error {
+		if n.State != record.NodeInit && (n.State != record.NodeReady || n.AllocatedTo != "") {
+			return record.ErrSkip
 		}
 		r.record(n, m.p.cfg.Name)
-		n.SetState(kv.NodeInit, now)
+		n.SetState(record.NodeInit, now)
 		n.HostKeys, n.Reason = []string{}, ""
 		n.DriverData = NodeData{Host: r.host.Name, Slot: r.slot, Spec: r.spec}.raw()
 		return nil
@@ -410,12 +403,12 @@ func (m *manager) update(ctx context.Context, r registration, why string, now ti
 
 // remove deletes the record of an idle node whose host left the
 // configuration; a revision check makes sure nobody took it meanwhile.
-func (m *manager) remove(ctx context.Context, e kv.Entry[kv.Node]) {
-	err := m.p.store.Delete(ctx, e.Key, e.Revision)
+func (m *manager) remove(ctx context.Context, e record.Entry[record.Node]) {
+	err := m.p.nodes.Delete(ctx, e.Key, e.Revision)
 	switch {
 	case err == nil:
 		m.p.log.Info("host left the configuration; node removed", "node", e.Key, "host", e.Value.Hostname)
-	case errors.Is(err, kv.ErrConflict), errors.Is(err, kv.ErrNotFound):
+	case errors.Is(err, record.ErrConflict), errors.Is(err, record.ErrNotFound):
 		// Changed meanwhile: the next pass looks again.
 	case ctx.Err() == nil:
 		m.p.log.Warn("could not remove static node", "node", e.Key, "err", err)
@@ -448,10 +441,10 @@ func (m *manager) check(ctx context.Context, r registration) {
 			return
 		}
 		now := m.p.clock.Now().UTC()
-		_, merr := m.p.nodes.Modify(ctx, r.id, func(n *kv.Node) error {
+		_, merr := m.p.nodes.Modify(ctx, r.id, func(n *record.Node) error {
 			d := nodeData(n)
-			if n.State != kv.NodeInit || d.Spec != r.spec {
-				return kv.ErrSkip
+			if n.State != record.NodeInit || d.Spec != r.spec {
+				return record.ErrSkip
 			}
 			if err != nil {
 				d.Failures++
@@ -464,7 +457,7 @@ func (m *manager) check(ctx context.Context, r registration) {
 			n.DriverData = d.raw()
 			n.HostKeys = keys
 			n.Reason = ""
-			n.SetState(kv.NodeReady, now)
+			n.SetState(record.NodeReady, now)
 			return nil
 		})
 		switch {

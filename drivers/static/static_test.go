@@ -183,7 +183,7 @@ providers:
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := New(ctx, js, pc, Options{Log: log})
+			p, err := New(pc, Options{Nodes: kv.NewCache(b.Nodes, log), Log: log})
 			if err != nil {
 				t.Fatal(err)
 			}
