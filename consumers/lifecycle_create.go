@@ -324,8 +324,14 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 			r.Reason = reason
 			return nil
 		})
-		if err == nil {
+		switch {
+		case err == nil:
 			l.metrics.Request(n.Provider, n.Pool, metrics.RequestFailed, 0)
+		case !errors.Is(err, kv.ErrSkip) && ctx.Err() == nil:
+			// The node fails all the same; its pool's scheduler fails
+			// the request when it sees the failed node, or plans it again
+			// if the node is gone by then.
+			l.log.Warn("could not record the failed launch on its request", "node", n.ID, "request", n.AllocatedTo, "err", err)
 		}
 	}
 	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {

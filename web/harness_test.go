@@ -18,6 +18,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/client"
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -61,6 +62,17 @@ providers:
         labels: [slow]
 `
 
+// infoAndAbove passes on the records at info level and above.
+type infoAndAbove struct{ slog.Handler }
+
+func (h infoAndAbove) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+func (h infoAndAbove) WithAttrs(a []slog.Attr) slog.Handler {
+	return infoAndAbove{h.Handler.WithAttrs(a)}
+}
+func (h infoAndAbove) WithGroup(name string) slog.Handler {
+	return infoAndAbove{h.Handler.WithGroup(name)}
+}
+
 func testLog() *slog.Logger {
 	if os.Getenv("NODEPOOL_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -85,7 +97,17 @@ func startSiteWith(t *testing.T, run bool, yaml string) *site {
 	srv := natstest.Start(t)
 	s := config.Settings{NatsURL: srv.ClientURL(), DataDir: t.TempDir(), Roles: []string{config.RoleLauncher},
 		ID: "web-test", Replicas: 1, LeaseTTL: 2 * time.Second, SyncInterval: 500 * time.Millisecond}
-	log := testLog()
+	// What the launcher said at info and above is kept, and printed if
+	// the test fails (the dashboard counts what it saw happen).
+	recLog, rec := logtest.New(t)
+	log := slog.New(infoAndAbove{recLog.Handler()})
+	if os.Getenv("NODEPOOL_TEST_LOG") == "" {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the launcher's log:\n%s", rec)
+			}
+		})
+	}
 	p, err := service.Start(t.Context(), s, cfg, log)
 	if err != nil {
 		t.Fatal(err)
