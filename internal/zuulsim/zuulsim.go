@@ -73,7 +73,8 @@ func Start(t testing.TB, s Server) *Zuul {
 		t.Fatal(err)
 	}
 	var stderr strings.Builder
-	cmd.Stderr = &lockedWriter{w: &stderr}
+	errOut := &lockedWriter{w: &stderr}
+	cmd.Stderr = errOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -81,6 +82,15 @@ func Start(t testing.TB, s Server) *Zuul {
 	z := &Zuul{t: t, cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout), stderr: &stderr}
 	z.out.Buffer(make([]byte, 1<<20), 16<<20)
 	t.Cleanup(z.Kill)
+	// What the stand-in said (its ZooKeeper session suspended or lost,
+	// its ephemeral locks with it) goes with a failure.
+	t.Cleanup(func() {
+		if t.Failed() {
+			errOut.mu.Lock()
+			defer errOut.mu.Unlock()
+			t.Logf("zuulsim's stderr:\n%s", stderr.String())
+		}
+	})
 	var id string
 	if err := z.reply(&id); err != nil {
 		t.Fatalf("starting the Zuul stand-in: %v", err)

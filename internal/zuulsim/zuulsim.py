@@ -37,10 +37,20 @@ class Failure(Exception):
     pass
 
 
+def say_state(state):
+    sys.stderr.write("%s zookeeper session %s\n" % (time.strftime("%H:%M:%S"), state))
+    sys.stderr.flush()
+
+
 class Zuul:
     def __init__(self, hosts, ca, cert, key, timeout):
         self.zk = KazooClient(hosts=hosts, use_ssl=True, ca=ca,
                               certfile=cert, keyfile=key, timeout=timeout)
+        # A session that is suspended or lost (its ephemeral locks gone)
+        # is said on stderr, which the test prints when it fails.
+        # (A listener that returns something true is removed: say_state
+        # returns None.)
+        self.zk.add_listener(say_state)
         self.zk.start(timeout=30)
         self.system_id = uuid.uuid4().hex
         self.node_locks = {}
