@@ -611,8 +611,6 @@ func (br *Bridge) ourProvider(name string) bool {
 	return ok
 }
 
-// lockedByOthers reports whether anyone but this process holds or waits
-// for a node's lock, read afresh.
 // lockedNode reports whether a node of a NATS request is still ready,
 // allocated to it, with a znode that somebody (Zuul) locked: it must not
 // go back to the pool with its request. A node the view lacks, or shows
@@ -649,6 +647,8 @@ func (br *Bridge) lockedNode(ctx context.Context, natsReq, id string) (bool, err
 	return locked, err
 }
 
+// lockedByOthers reports whether anyone holds or waits for a node's lock
+// (its lock directory has a contender), read afresh.
 func (br *Bridge) lockedByOthers(zkNodeID string) (bool, error) {
 	all, err := br.conn.Contenders(NodesPath + "/" + zkNodeID + "/lock")
 	if err != nil {
