@@ -288,6 +288,11 @@ func (l *Launcher) run(parent context.Context) error {
 	opening.Go(func() { deleteCons, deleteErr = l.lifecycle.openDeletes(ctx) })
 	opening.Wait()
 	if err := errors.Join(intakeErr, deleteErr); err != nil {
+		for _, c := range []*durable.Consumer{intakeCons, deleteCons} {
+			if c != nil {
+				c.Stop()
+			}
+		}
 		return err
 	}
 	intake, err := l.startIntake(ctx, intakeCons)

@@ -152,7 +152,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	// Zuul alone needs none.
 	p.providers = map[string]drivers.Provider{}
 	if s.HasRole(config.RoleLauncher) || s.HasRole(config.RoleBuilder) {
-		if p.providers, err = NewProviders(ctx, p.js, cfg, DriverOptions{Replicas: s.Replicas, Views: p.views, Buckets: p.buckets, Log: log}); err != nil {
+		if p.providers, err = NewProviders(ctx, p.js, cfg, p.driverOptions()); err != nil {
 			return nil, err
 		}
 	}
@@ -168,7 +168,7 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			LeaseTTL: s.LeaseTTL, SyncInterval: s.SyncInterval, FailedRequestAge: s.FailedRequestAge,
 			Version: Version, Roles: s.Roles, Log: log, Metrics: p.metrics,
 			NewDriver: func(ctx context.Context, pc *config.Provider) (drivers.Provider, error) {
-				drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: s.Replicas, Views: p.views, Buckets: p.buckets, Log: log})
+				drv, err := NewProvider(ctx, p.js, pc, p.driverOptions())
 				if err != nil {
 					return nil, err
 				}
@@ -280,6 +280,12 @@ type DriverOptions struct {
 	// metastatic providers the same.
 	Clock clock.Clock
 	Log   *slog.Logger
+}
+
+// driverOptions are what the process gives every driver it makes: its
+// replicas, views and buckets.
+func (p *Process) driverOptions() DriverOptions {
+	return DriverOptions{Replicas: p.Settings.Replicas, Views: p.views, Buckets: p.buckets, Log: p.Log}
 }
 
 // NewProviders constructs the driver of every provider of the
@@ -395,7 +401,7 @@ func (p *Process) Reload(ctx context.Context, cfg *config.Config) error {
 			next[pc.Name] = p.providers[pc.Name]
 			continue
 		}
-		drv, err := NewProvider(ctx, p.js, pc, DriverOptions{Replicas: p.Settings.Replicas, Views: p.views, Buckets: p.buckets, Log: p.Log})
+		drv, err := NewProvider(ctx, p.js, pc, p.driverOptions())
 		if err != nil {
 			undo()
 			return err

@@ -36,7 +36,7 @@ type Zuul struct {
 	stdin    io.WriteCloser
 	out      *bufio.Scanner
 	mu       sync.Mutex
-	stderr   *strings.Builder
+	stderr   *lockedWriter
 	SystemID string
 }
 
@@ -72,23 +72,20 @@ func Start(t testing.TB, s Server) *Zuul {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
-	errOut := &lockedWriter{w: &stderr}
-	cmd.Stderr = errOut
+	stderr := &lockedWriter{}
+	cmd.Stderr = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	z := &Zuul{t: t, cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout), stderr: &stderr}
+	z := &Zuul{t: t, cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout), stderr: stderr}
 	z.out.Buffer(make([]byte, 1<<20), 16<<20)
 	t.Cleanup(z.Kill)
 	// What the stand-in said (its ZooKeeper session suspended or lost,
 	// its ephemeral locks with it) goes with a failure.
 	t.Cleanup(func() {
 		if t.Failed() {
-			errOut.mu.Lock()
-			defer errOut.mu.Unlock()
-			t.Logf("zuulsim's stderr:\n%s", stderr.String())
+			t.Logf("zuulsim's stderr:\n%s", stderr)
 		}
 	})
 	var id string
@@ -99,15 +96,23 @@ func Start(t testing.TB, s Server) *Zuul {
 	return z
 }
 
+// lockedWriter is the stand-in's stderr, written by the process and read
+// by the test.
 type lockedWriter struct {
 	mu sync.Mutex
-	w  io.Writer
+	b  strings.Builder
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return l.b.Write(p)
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Call runs one command and decodes its result into out (nil: ignore).
