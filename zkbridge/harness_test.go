@@ -196,10 +196,25 @@ func (e *env) installation() *service.Process {
 	return e.start("np1", config.RoleLauncher, config.RoleZooKeeper)
 }
 
-// zuul starts a Zuul stand-in on the test's chroot.
+// zuul starts a Zuul stand-in on the test's chroot, with Zuul's default
+// session timeout (10 s): a shorter one expired under a loaded machine
+// (the stand-in's heartbeats late), its locks gone between Zuul's lock
+// and its delete of the request (TestZuulAutohold).
 func (e *env) zuul() *zuulsim.Zuul {
 	e.t.Helper()
-	return zuulsim.Start(e.t, zuulsim.Server{Hosts: e.zk.Hosts(e.chroot), CA: e.zk.CA, Cert: e.zk.Cert, Key: e.zk.Key, SessionTimeout: 4})
+	return e.zuulSession(10)
+}
+
+// killableZuul is a Zuul stand-in that the test kills: its session, and
+// so its locks and ephemeral requests, expire 4 s after.
+func (e *env) killableZuul() *zuulsim.Zuul {
+	e.t.Helper()
+	return e.zuulSession(4)
+}
+
+func (e *env) zuulSession(seconds float64) *zuulsim.Zuul {
+	e.t.Helper()
+	return zuulsim.Start(e.t, zuulsim.Server{Hosts: e.zk.Hosts(e.chroot), CA: e.zk.CA, Cert: e.zk.Cert, Key: e.zk.Key, SessionTimeout: seconds})
 }
 
 // waitFor checks cond on every change of the node and request records,

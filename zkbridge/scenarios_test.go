@@ -98,7 +98,7 @@ func TestZuulSessionLossDeletesItsNodes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
 	e.installation()
-	z := e.zuul()
+	z := e.killableZuul()
 	id := z.Submit([]string{"small", "small"}, nil)
 	r := z.Wait(id, 30*time.Second)
 	nodes := z.Accept(id)
@@ -327,7 +327,7 @@ func TestZuulEphemeralRequest(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
 	e.installation()
-	z := e.zuul()
+	z := e.killableZuul()
 	id := z.Submit([]string{"small"}, map[string]any{"ephemeral": true})
 	r := z.Wait(id, 30*time.Second)
 	if r.State != "fulfilled" {
