@@ -316,23 +316,7 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 	l.metrics.LaunchFailed(n.Provider, failureKind(cause))
 	reason := fmt.Sprintf("node %s (%s in %s): %v", n.ID, strings.Join(n.Labels, ","), kv.PoolRef(n.Provider, n.Pool), cause)
 	if n.AllocatedTo != "" {
-		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {
-			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
-				return kv.ErrSkip
-			}
-			r.SetState(kv.RequestFailed, lc.l.clock.Now().UTC())
-			r.Reason = reason
-			return nil
-		})
-		switch {
-		case err == nil:
-			l.metrics.Request(n.Provider, n.Pool, metrics.RequestFailed, 0)
-		case !errors.Is(err, kv.ErrSkip) && ctx.Err() == nil:
-			// The node fails all the same; its pool's scheduler fails
-			// the request when it sees the failed node, or plans it again
-			// if the node is gone by then.
-			l.log.Warn("could not record the failed launch on its request", "node", n.ID, "request", n.AllocatedTo, "err", err)
-		}
+		lc.failRequest(ctx, n, reason)
 	}
 	_, err := lc.update(ctx, n.ID, kv.NodeBuilding, func(x *kv.Node) {
 		x.SetState(kv.NodeFailed, lc.l.clock.Now().UTC())
@@ -350,6 +334,47 @@ func (lc *lifecycle) failLaunch(ctx context.Context, n *kv.Node, cause error) {
 	l.launchEnded(n, result)
 	l.log.Warn("launch failed", "node", n.ID, "provider", n.Provider, "pool", n.Pool, "label", createRequest(n).Label,
 		"request", n.AllocatedTo, "reason", reason)
+}
+
+// failRequestWait bounds how long a failed launch tries to record the
+// failure on its request before it marks the node failed all the same.
+const failRequestWait = 30 * time.Second
+
+// failRequest records on a failed node's request that it failed, trying
+// again while the server does not answer (a loaded cluster) or other
+// writers win, for up to failRequestWait: the node is marked failed, and
+// then deleted, only after. A request left pending with its failed node
+// gone is planned again by its pool's scheduler, a second launch where
+// launch-retries allowed one (the scheduler also fails a request whose
+// failed node it sees, the fallback past the bound).
+func (lc *lifecycle) failRequest(ctx context.Context, n *kv.Node, reason string) {
+	l := lc.l
+	ctx, cancel := context.WithTimeout(ctx, failRequestWait)
+	defer cancel()
+	for failures := 0; ; failures++ {
+		_, err := l.requests.Modify(ctx, n.AllocatedTo, func(r *kv.Request) error {
+			if r.State != kv.RequestPending || !containsID(r.Nodes, n.ID) {
+				return kv.ErrSkip
+			}
+			r.SetState(kv.RequestFailed, l.clock.Now().UTC())
+			r.Reason = reason
+			return nil
+		})
+		switch {
+		case err == nil:
+			l.metrics.Request(n.Provider, n.Pool, metrics.RequestFailed, 0)
+			return
+		case errors.Is(err, kv.ErrSkip), errors.Is(err, kv.ErrNotFound):
+			return
+		}
+		if ctx.Err() == nil {
+			l.log.Debug("could not record the failed launch on its request yet; trying again", "node", n.ID, "request", n.AllocatedTo, "err", err)
+		}
+		if ctx.Err() != nil || !wait.Sleep(ctx, wait.Backoff(failures)) {
+			l.log.Warn("could not record the failed launch on its request; its pool's scheduler fails it when it sees the failed node", "node", n.ID, "request", n.AllocatedTo, "err", err)
+			return
+		}
+	}
 }
 
 func containsID(ids []string, id string) bool {
