@@ -272,6 +272,11 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 		_ = msg.Term()
 		return
 	}
+	delivered := uint64(1)
+	if meta, merr := msg.Metadata(); merr == nil {
+		delivered = meta.NumDelivered
+	}
+	lc.l.log.Debug("work came", "node", w.Node, "work", kind, "revision", w.Revision, "delivered", delivered)
 	e, err := lc.workRecord(ctx, w)
 	if err == nil {
 		slot := held
@@ -291,11 +296,8 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 		// node's provider, pool or label, a machine of the node is still
 		// stopping, or the server did not answer): this or another
 		// process has it again.
-		meta, merr := msg.Metadata()
-		delay := redeliveryDelay(1)
-		if merr == nil {
-			delay = redeliveryDelay(meta.NumDelivered)
-		}
+		delay := redeliveryDelay(delivered)
+		lc.l.log.Debug("work not taken here; it comes back", "node", w.Node, "work", kind, "delivered", delivered, "in", delay, "err", err)
 		if err := msg.NakWithDelay(delay); err != nil {
 			lc.l.log.Debug("nak failed; the work will be delivered again", "err", err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/drivers"
 	"github.com/nodepool-nats/nodepool/drivers/fake"
+	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -112,6 +113,40 @@ func (a *auditor) violate(key, format string, args ...any) {
 	msg := time.Now().Format("15:04:05.000") + " " + fmt.Sprintf(format, args...)
 	a.violations = append(a.violations, msg)
 	a.t.Log("VIOLATION " + msg)
+}
+
+// launchWork says where the launch of a node stuck building waits on the
+// work stream, for a reader of a violation: its message (or none), and
+// whether the provider's launch consumer delivered it.
+func (a *auditor) launchWork(id string, n *kv.Node) string {
+	if a.rec.js == nil || a.reported["stuck/"+id+"/"+string(kv.NodeBuilding)] {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := a.rec.js.Stream(ctx, events.WorkStream)
+	if err != nil {
+		return fmt.Sprintf("; work stream: %v", err)
+	}
+	out := ""
+	msg, err := st.GetLastMsgForSubject(ctx, events.WorkSubjectOf(events.KindLaunch, n.Provider, id))
+	switch {
+	case err != nil:
+		out += fmt.Sprintf("; no launch message (%v)", err)
+	default:
+		out += fmt.Sprintf("; launch message seq %d for revision %s", msg.Sequence, msg.Header.Get(events.HeaderRevision))
+	}
+	cons, err := st.Consumer(ctx, events.LaunchConsumer(n.Provider))
+	if err != nil {
+		return out + fmt.Sprintf("; launch consumer: %v", err)
+	}
+	info := cons.CachedInfo()
+	leader := ""
+	if info.Cluster != nil {
+		leader = info.Cluster.Leader
+	}
+	return out + fmt.Sprintf("; consumer delivered up to seq %d, ack floor %d, %d awaiting ack, %d undelivered, %d pulls waiting, %d redelivered, leader %s",
+		info.Delivered.Stream, info.AckFloor.Stream, info.NumAckPending, info.NumPending, info.NumWaiting, info.NumRedelivered, leader)
 }
 
 // instanceChange: no instance is created twice (the fake derives an
@@ -262,7 +297,7 @@ func (a *auditor) check(now time.Time) {
 		switch n.State {
 		case kv.NodeBuilding:
 			if a.lasting(stuckKey, true, now, a.lim.stuck) {
-				a.violate(stuckKey, "node %s building for longer than %s (launcher %q, attempt %d)", e.Key, a.lim.stuck, n.Launcher, n.Attempt)
+				a.violate(stuckKey, "node %s building for longer than %s (launcher %q, attempt %d)%s", e.Key, a.lim.stuck, n.Launcher, n.Attempt, a.launchWork(e.Key, n))
 			}
 		case kv.NodeDeleting, kv.NodeUsed, kv.NodeFailed:
 			if a.lasting(stuckKey, true, now, a.lim.cleanup) {
