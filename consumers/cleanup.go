@@ -281,22 +281,107 @@ func (c *cleanup) revisit(ctx context.Context) {
 
 // notQueued leaves out of nodes due a revisit those whose work message
 // waits in the work stream: a launch waits for a free slot there, not for
-// a message (with no stream to ask, they wait for a later sweep).
+// a message (with no stream to ask, they wait for a later sweep). A
+// message that waits for nothing is stuck, and taken back (takeBack): the
+// node is asked for again.
 func (c *cleanup) notQueued(ctx context.Context, due []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
 	if len(due) == 0 {
 		return due
 	}
 	queued, err := events.QueuedWork(ctx, c.l.js)
-	if err != nil && ctx.Err() == nil {
-		c.l.log.Warn("could not list the queued work; nodes waiting for work are looked at again next sweep", "err", err)
-	}
-	return slices.DeleteFunc(due, func(e kv.Entry[kv.Node]) bool {
-		kind := events.KindDelete
-		if e.Value.State == kv.NodeBuilding {
-			kind = events.KindLaunch
+	if err != nil {
+		if ctx.Err() == nil {
+			c.l.log.Warn("could not list the queued work; nodes waiting for work are looked at again next sweep", "err", err)
 		}
-		return err != nil || queued[events.Work{Kind: kind, Node: e.Key}]
+		return nil
+	}
+	var waiting []kv.Entry[kv.Node]
+	due = slices.DeleteFunc(due, func(e kv.Entry[kv.Node]) bool {
+		if queued[events.Work{Kind: workKind(&e.Value), Node: e.Key}] {
+			waiting = append(waiting, e)
+			return true
+		}
+		return false
 	})
+	return append(due, c.takeBack(ctx, waiting)...)
+}
+
+// workKind is the kind of work a node that needs some waits for.
+func workKind(n *kv.Node) string {
+	if n.State == kv.NodeBuilding {
+		return events.KindLaunch
+	}
+	return events.KindDelete
+}
+
+// takeBack looks at the nodes due a revisit whose work message still
+// waits in the work stream. A message waits for a process with room
+// (a free launch slot of max-concurrency, a free delete worker); one that
+// is still there while a process waits for work on its consumer (a pull
+// is waiting), its node unchanged for the revisit's two sweeps and a
+// lease TTL, waits for nothing: the server left it behind (delivered to
+// a pull that was lost and not delivered again: under a loaded cluster
+// whose members restarted, two launches waited 69 s). Such a message is
+// removed from the stream (one message per node and kind: while it is
+// there, no new one is taken), and its node returned for the revisit to
+// write again, which asks for the work anew. A consumer an operator
+// paused holds its messages on purpose: they are left alone. Removing a
+// message a process handles at that moment is harmless: its claim and
+// the revisit's write are revision-checked, and only one lands.
+// maxTakeBack bounds the messages takeBack removes in one sweep. A
+// launch that only some launchers of its provider can take (their
+// configurations differ), waiting for a slot of those while the others
+// wait for work, is taken back too, every few sweeps, and asked for again:
+// the bound keeps a long queue of those from making a storm of writes.
+const maxTakeBack = 100
+
+func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
+	if len(waiting) == 0 {
+		return nil
+	}
+	st, err := c.l.js.Stream(ctx, events.WorkStream)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.l.log.Debug("could not open the work stream to look at the work waiting there", "err", err)
+		}
+		return nil
+	}
+	idle := map[string]bool{} // consumer: a pull waits on it, and it is not paused
+	var out []kv.Entry[kv.Node]
+	for _, e := range waiting {
+		kind := workKind(&e.Value)
+		consumer := events.DeleteConsumer
+		if kind == events.KindLaunch {
+			consumer = events.LaunchConsumer(e.Value.Provider)
+		}
+		ok, seen := idle[consumer]
+		if !seen {
+			cons, err := st.Consumer(ctx, consumer)
+			if err == nil {
+				info := cons.CachedInfo()
+				ok = info.NumWaiting > 0 && !info.Paused
+			}
+			idle[consumer] = ok
+		}
+		if !ok {
+			continue
+		}
+		if len(out) == maxTakeBack {
+			c.l.log.Warn("more work waits in the work stream while processes wait for work; the rest is taken back next sweep", "taken_back", len(out))
+			break
+		}
+		subject := events.WorkSubjectOf(kind, e.Value.Provider, e.Key)
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			if ctx.Err() == nil {
+				c.l.log.Warn("could not take back stuck work; trying again next sweep", "node", e.Key, "work", kind, "err", err)
+			}
+			continue
+		}
+		c.l.log.Warn("work waited in the work stream while processes waited for work; asking for it again", "node", e.Key, "work", kind,
+			"provider", e.Value.Provider, "waited", c.l.clock.Since(c.unowned[e.Key].first).Round(time.Second))
+		out = append(out, e)
+	}
+	return out
 }
 
 // expire deletes nodes past their time: unallocated ready nodes older than

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -195,5 +196,67 @@ providers:
 	}
 	if got := len(rec.Lines("node needs work nobody took up")); got != 2 {
 		t.Errorf("cleanup wrote %d nodes again; want the 2 whose launch messages were purged", got)
+	}
+}
+
+// TestStuckWorkIsTakenBack: a launch message that the server no longer
+// delivers (here delivered once, to a pull that never answered, by a
+// consumer made to deliver it only once) keeps the node's one message
+// slot on the work stream: no new ask is taken, and the revisit sweep
+// used to leave the node alone because its message was queued. With a
+// launcher waiting for work on that consumer, cleanup removes the message
+// and asks again, and the node is launched, once.
+func TestStuckWorkIsTakenBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels: [{name: small}]
+providers:
+  - name: c
+    driver: fake
+    pools: [{name: p, labels: [small]}]
+`)
+	rec := h.recordLog()
+	ctx := t.Context()
+	now := time.Now().UTC()
+	n := kv.Node{ID: "stuck-node", State: kv.NodeBuilding, Provider: "c", Pool: "p", Labels: []string{"small"}, Created: now, StateTime: now}
+	rev, err := h.b.Nodes.Create(ctx, n.ID, &n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.PublishMsg(ctx, events.WorkMsg(events.KindLaunch, "c", n.ID, rev)); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := h.js.CreateConsumer(ctx, events.WorkStream, jetstream.ConsumerConfig{
+		Durable: events.LaunchConsumer("c"), FilterSubject: events.WorkSubjects(events.KindLaunch, "c"),
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() {
+		got++ // taken, and never answered
+	}
+	if got != 1 {
+		t.Fatalf("pulled %d launch messages; want 1", got)
+	}
+	h.until(10*time.Second, "the consumer done with the message (delivered as often as it may be)", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0
+	})
+	h.startLauncher("l1")
+	h.until(30*time.Second, "the stuck node launched", func() bool {
+		got, ok := h.node(n.ID)
+		return ok && got.State == kv.NodeReady
+	})
+	if got := len(rec.Lines("work waited in the work stream", n.ID)); got != 1 {
+		t.Errorf("the stuck launch was taken back %d times; want 1", got)
+	}
+	if got := h.instancesEverCreated("c"); got != 1 {
+		t.Errorf("%d instances created; want 1", got)
 	}
 }
