@@ -1,10 +1,14 @@
 package kv
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -496,13 +500,97 @@ func (s *Subscription[T]) Drain() []Change[T] {
 }
 
 // List reads every record of the bucket once (without keeping a watch).
+// With the store's JetStream context it pulls the last message of every
+// key from the bucket's stream in large batches, and decodes them on every
+// core (a watch, pushed with flow control and decoded one at a time, read
+// 100,000 records in about 3 s); without, it watches.
 func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
+	raws, err := s.rawList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return decodeAll[T](raws), nil
+}
+
+// rawRecord is a record as the stream holds it, not decoded yet.
+type rawRecord struct {
+	key  string
+	data []byte
+	rev  uint64
+}
+
+// listBatch is how many messages one pull of List asks for, and listIdle
+// how long the server keeps the consumer of a List that stopped pulling.
+const (
+	listBatch = 10000
+	listIdle  = 30 * time.Second
+)
+
+// rawList reads the last value of every key, deletions left out.
+func (s *Store[T]) rawList(ctx context.Context) ([]rawRecord, error) {
+	if s.js == nil {
+		return s.watchList(ctx)
+	}
+	bucket := s.kv.Bucket()
+	prefix := "$KV." + bucket + "."
+	keys := cmp.Or(s.keys, ">")
+	cons, err := s.js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + keys}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		// Deleted once the list is read; the server forgets one left
+		// behind (a process killed meanwhile) after this.
+		InactiveThreshold: listIdle,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", bucket, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", bucket, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = s.js.DeleteConsumer(dctx, "KV_"+bucket, cons.CachedInfo().Name)
+	}()
+	left := info.NumPending
+	out := make([]rawRecord, 0, left)
+	for left > 0 {
+		batch, err := cons.Fetch(int(min(left, listBatch)), jetstream.FetchContext(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("listing %s: %w", bucket, err)
+		}
+		for m := range batch.Messages() {
+			left--
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			if md.NumPending == 0 {
+				left = 0 // the last key's (keys deleted since the start are not counted)
+			}
+			if m.Headers().Get(kvOperationHeader) != "" {
+				continue // a deletion or a purge
+			}
+			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream})
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("listing %s: %w", bucket, err)
+		}
+	}
+	return out, nil
+}
+
+// kvOperationHeader marks a bucket's deletions and purges.
+const kvOperationHeader = "KV-Operation"
+
+// watchList reads the records with a watch.
+func (s *Store[T]) watchList(ctx context.Context) ([]rawRecord, error) {
 	w, err := s.watch(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = w.Stop() }()
-	var out []Entry[T]
+	var out []rawRecord
 	for {
 		select {
 		case <-ctx.Done():
@@ -514,13 +602,40 @@ func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
 			if e == nil {
 				return out, nil
 			}
-			v, err := Decode[T](e.Key(), e.Value())
-			if err != nil {
-				continue
-			}
-			out = append(out, Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision()})
+			out = append(out, rawRecord{key: e.Key(), data: e.Value(), rev: e.Revision()})
 		}
 	}
+}
+
+// decodeAll decodes records on every core, in their order; a record that
+// does not decode is left out (the watches report those).
+func decodeAll[T any](raws []rawRecord) []Entry[T] {
+	out := make([]Entry[T], len(raws))
+	ok := make([]bool, len(raws))
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/1000))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(raws); i += workers {
+				r := &raws[i]
+				v, err := Decode[T](r.key, r.data)
+				if err != nil {
+					continue
+				}
+				out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for i := range out {
+		if ok[i] {
+			out[n] = out[i]
+			n++
+		}
+	}
+	clear(out[n:])
+	return out[:n]
 }
 
 // Modify changes a record like Store.Modify, but starts from the cached

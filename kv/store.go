@@ -35,14 +35,24 @@ type Store[T any] struct {
 	// keys, if set, is the key pattern (with * and >) of this store's
 	// records, for buckets that hold records of several types.
 	keys string
+	// js, if set, lets List pull the records in large batches instead of
+	// watching the bucket.
+	js jetstream.JetStream
 }
 
 // NewStore wraps a bucket.
 func NewStore[T any](bucket jetstream.KeyValue) *Store[T] { return &Store[T]{kv: bucket} }
 
+// newStore wraps a bucket of a JetStream context.
+func newStore[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T] {
+	return &Store[T]{kv: bucket, js: js}
+}
+
 // Filtered returns a store of the records whose keys match a pattern
 // ("*.*" for two-token keys): List, Keys and caches see only those.
-func (s *Store[T]) Filtered(pattern string) *Store[T] { return &Store[T]{kv: s.kv, keys: pattern} }
+func (s *Store[T]) Filtered(pattern string) *Store[T] {
+	return &Store[T]{kv: s.kv, keys: pattern, js: s.js}
+}
 
 // watch watches the store's keys.
 func (s *Store[T]) watch(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {

@@ -1,0 +1,110 @@
+package kv_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/kv"
+)
+
+// List reads the last value of every key, deleted and purged keys and
+// records that do not decode left out, in the order of their last
+// writes, whether it pulls
+// from the bucket's stream (stores of kv.Ensure, which know the JetStream
+// context) or watches (a store of a bare bucket); a filtered store lists
+// only its keys.
+func TestStoreList(t *testing.T) {
+	t.Parallel()
+	b, js := bucketsJS(t)
+	ctx := t.Context()
+	bare, err := js.KeyValue(ctx, kv.BucketNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range 2500 { // more than one of List's pulls
+		id := fmt.Sprintf("n%05d", i)
+		rev, err := b.Nodes.Create(ctx, id, &kv.Node{ID: id, State: kv.NodeBuilding})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case i%10 == 1:
+			if err := b.Nodes.Delete(ctx, id, rev); err != nil {
+				t.Fatal(err)
+			}
+		case i%10 == 2:
+			if err := bare.Purge(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		case i%10 == 3:
+			if _, err := b.Nodes.Update(ctx, id, &kv.Node{ID: id, State: kv.NodeReady}, rev); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, id+"=ready")
+		default:
+			want = append(want, id+"=building")
+		}
+	}
+	if _, err := bare.Put(ctx, "not-json", []byte("{")); err != nil {
+		t.Fatal(err)
+	}
+	empty, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "empty"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		store *kv.Store[kv.Node]
+		want  []string
+	}{
+		{"pulled", b.Nodes, want},
+		{"watched", kv.NewStore[kv.Node](bare), want},
+		{"pulled, filtered, nothing matches", b.Nodes.Filtered("m*"), nil},
+		{"pulled, one key", b.Nodes.Filtered("n00013"), []string{"n00013=ready"}},
+		{"watched, one key", kv.NewStore[kv.Node](bare).Filtered("n00013"), []string{"n00013=ready"}},
+		{"empty", kv.NewStore[kv.Node](empty), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.store.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var have []string
+			for _, e := range got {
+				if e.Key != e.Value.ID || e.Revision == 0 {
+					t.Errorf("entry %s: id %s, revision %d", e.Key, e.Value.ID, e.Revision)
+				}
+				have = append(have, e.Key+"="+string(e.Value.State))
+			}
+			if !slices.Equal(have, tc.want) {
+				t.Errorf("listed %d records, want %d; first differences: %v", len(have), len(tc.want), firstDiff(have, tc.want))
+			}
+			if tc.name == "pulled" { // before any watch, whose consumer the server ends on its own
+				st, err := js.Stream(ctx, "KV_"+kv.BucketNodes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				info, err := st.Info(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info.State.Consumers != 0 {
+					t.Errorf("%d consumers left on the bucket after listing; want none", info.State.Consumers)
+				}
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []string) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return fmt.Sprintf("at %d: %s, want %s", i, a[i], b[i])
+		}
+	}
+	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
+}
