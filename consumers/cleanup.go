@@ -314,6 +314,13 @@ func workKind(n *kv.Node) string {
 	return events.KindDelete
 }
 
+// maxTakeBack bounds the messages takeBack removes in one sweep. A
+// launch that only some launchers of its provider can take (their
+// configurations differ), waiting for a slot of those while the others
+// wait for work, is taken back too, every few sweeps, and asked for again:
+// the bound keeps a long queue of those from making a storm of writes.
+const maxTakeBack = 100
+
 // takeBack looks at the nodes due a revisit whose work message still
 // waits in the work stream. A message waits for a process with room
 // (a free launch slot of max-concurrency, a free delete worker); one that
@@ -328,13 +335,6 @@ func workKind(n *kv.Node) string {
 // paused holds its messages on purpose: they are left alone. Removing a
 // message a process handles at that moment is harmless: its claim and
 // the revisit's write are revision-checked, and only one lands.
-// maxTakeBack bounds the messages takeBack removes in one sweep. A
-// launch that only some launchers of its provider can take (their
-// configurations differ), waiting for a slot of those while the others
-// wait for work, is taken back too, every few sweeps, and asked for again:
-// the bound keeps a long queue of those from making a storm of writes.
-const maxTakeBack = 100
-
 func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
 	if len(waiting) == 0 {
 		return nil

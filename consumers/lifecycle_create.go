@@ -349,6 +349,7 @@ const failRequestWait = 30 * time.Second
 // failed node it sees, the fallback past the bound).
 func (lc *lifecycle) failRequest(ctx context.Context, n *kv.Node, reason string) {
 	l := lc.l
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, failRequestWait)
 	defer cancel()
 	for failures := 0; ; failures++ {
@@ -371,6 +372,9 @@ func (lc *lifecycle) failRequest(ctx context.Context, n *kv.Node, reason string)
 			l.log.Debug("could not record the failed launch on its request yet; trying again", "node", n.ID, "request", n.AllocatedTo, "err", err)
 		}
 		if ctx.Err() != nil || !wait.Sleep(ctx, wait.Backoff(failures)) {
+			if parent.Err() != nil {
+				return // stopping
+			}
 			l.log.Warn("could not record the failed launch on its request; its pool's scheduler fails it when it sees the failed node", "node", n.ID, "request", n.AllocatedTo, "err", err)
 			return
 		}
