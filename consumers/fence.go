@@ -3,6 +3,7 @@ package consumers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/nodepool-nats/nodepool/internal/clock"
@@ -53,6 +54,59 @@ func (l *Launcher) beaten(sent time.Duration) {
 	}
 }
 
+// unansweredBeats are the last heartbeats whose answer did not come in
+// time. On a loaded cluster a write often lands after its caller gave up
+// (the answer comes after the heartbeat's timeout): the record is renewed,
+// other processes see this one alive and leave its nodes to it, yet it
+// fenced itself, and its nodes waited for as long as that lasted (a
+// restarted launcher of TestChaos fenced for 20 s while each of its
+// heartbeats landed). The next heartbeat reads the record before writing
+// it: one of these found there landed, and counts from when it was sent,
+// as an answered one does (the record lives a TTL from when the server
+// stored it, which is later).
+type unansweredBeats struct {
+	mu   sync.Mutex
+	sent map[int64]time.Duration // the heartbeat's time (UnixNano): when it was sent
+}
+
+// maxUnanswered bounds the heartbeats remembered: older ones would be
+// past fenceAfter anyway.
+const maxUnanswered = 8
+
+func (u *unansweredBeats) add(beat time.Time, sent time.Duration) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sent == nil {
+		u.sent = map[int64]time.Duration{}
+	}
+	if len(u.sent) >= maxUnanswered {
+		oldest, at := int64(0), time.Duration(0)
+		for k, s := range u.sent {
+			if oldest == 0 || s < at {
+				oldest, at = k, s
+			}
+		}
+		delete(u.sent, oldest)
+	}
+	u.sent[beat.UnixNano()] = sent
+}
+
+// landed counts the heartbeat found in the record, if it is one of these.
+func (u *unansweredBeats) landed(l *Launcher, beat time.Time) {
+	u.mu.Lock()
+	sent, ok := u.sent[beat.UnixNano()]
+	u.mu.Unlock()
+	if ok {
+		l.beaten(sent)
+	}
+}
+
+func (u *unansweredBeats) clear() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	clear(u.sent)
+}
+
 // fenced reports whether this process must not drive machines now: its
 // last successful heartbeat was sent more than fenceAfter ago.
 func (l *Launcher) fenced() bool {
@@ -97,13 +151,12 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 	beat := func() {
 		hctx, cancel := context.WithTimeout(ctx, l.beatEvery())
 		defer cancel()
-		if err := l.heartbeat(hctx); err != nil {
-			if ctx.Err() == nil {
-				l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))
-			}
-			return
+		if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
+			l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))
 		}
-		if l.fencedOff.CompareAndSwap(true, false) {
+		// Renewed: this heartbeat, or an earlier one whose answer was late
+		// (unansweredBeats).
+		if !l.fenced() && l.fencedOff.CompareAndSwap(true, false) {
 			l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
 			// The caches may be as old as the moment NATS was lost (a
 			// watch silent meanwhile): nodes another process took over

@@ -123,6 +123,9 @@ type Launcher struct {
 	// the last successful heartbeat was sent (fence.go).
 	born     time.Time
 	lastBeat atomic.Int64
+	// unanswered are heartbeats whose answer did not come in time, which
+	// may have landed all the same (fence.go).
+	unanswered unansweredBeats
 	// fencedOff is set while the process is fenced and its machines
 	// stopped.
 	fencedOff atomic.Bool
@@ -382,6 +385,9 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 	sent := l.elapsed()
 	c := l.component()
 	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
+		if found {
+			l.unanswered.landed(l, cur.Heartbeat)
+		}
 		started := cur.Started
 		*cur = *c
 		cur.Started = started
@@ -390,9 +396,11 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 		}
 	})
 	if err != nil {
+		l.unanswered.add(c.Heartbeat, sent)
 		return err
 	}
 	l.beaten(sent)
+	l.unanswered.clear()
 	l.components.Apply(e)
 	return nil
 }

@@ -124,3 +124,39 @@ providers:
 		t.Errorf("%d instances created for one attempt", got)
 	}
 }
+
+// A launcher whose heartbeats land but are answered after their timeout
+// (a loaded cluster: each answer comes later than a quarter of the lease
+// TTL, here through a proxy that delays what the server sends) is alive
+// to every other process, which leave its nodes to it: it must not fence
+// itself for as long as that lasts. Each heartbeat reads the record
+// first, and finds the one before it landed; the launcher goes on
+// launching.
+func TestLateHeartbeatAnswersDoNotFence(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, `
+labels: [{name: small}]
+providers:
+  - name: c
+    driver: fake
+    pools: [{name: p, labels: [small]}]
+`)
+	rec := h.recordLog()
+	proxy := natstest.StartProxy(t, h.srv)
+	h.startLauncherVia("l1", h.cfg, proxy.URL())
+	h.waitLaunchers(1)
+	// A heartbeat reads, then writes, and gives up after a quarter of the
+	// TTL (500 ms): 300 ms on each answer makes every write answered late,
+	// and every read in time.
+	proxy.Delay(300 * time.Millisecond)
+	h.until(20*time.Second, "heartbeats answered late", func() bool { return len(rec.Lines("heartbeat failed")) >= 3 })
+	id := h.submit(events.RequestMessage{Labels: []string{"small"}})
+	h.waitDone(30*time.Second, id)
+	if r, _ := h.request(id); r.State != kv.RequestFulfilled {
+		t.Fatalf("request %s: %s (%s)", id, r.State, r.Reason)
+	}
+	if got := len(rec.Lines("heartbeat failed")); got < 3 {
+		t.Errorf("%d heartbeats answered late; the test wants them all late", got)
+	}
+	proxy.Delay(0)
+}
