@@ -44,6 +44,10 @@ type Conn struct {
 	// leftover are lock contenders (prefix -> lock directory) whose
 	// withdrawal failed, to withdraw again.
 	leftover map[string]string
+	// doomed are the prefixes of the contenders to withdraw, from when
+	// the withdrawal is asked until it is done: AdoptOrphan never adopts
+	// one (the withdrawal would delete the lock under its new holder).
+	doomed map[string]bool
 	// live are the contenders (directory/name) of the locks this process
 	// holds as Lock values, not yet released: a contender of this
 	// session that is not live is an orphan (AdoptOrphan).

@@ -177,6 +177,14 @@ func (c *Conn) AdoptOrphan(dir string) (*Lock, error) {
 	if c.live[key] {
 		return nil, nil // held by a step of this process in flight
 	}
+	if c.doomed[contenderPrefix(l.node)] {
+		// A release or a lock attempt that failed left it to be
+		// withdrawn: adopted, it would be deleted under its holder, and
+		// another process's contender would hold the lock beside it (two
+		// bridges on one request after a ZooKeeper restart, loaded run 10
+		// at b42f99c). Its withdrawal frees the lock for a fresh attempt.
+		return nil, nil
+	}
 	if c.live == nil {
 		c.live = map[string]bool{}
 	}
@@ -191,14 +199,23 @@ func (c *Conn) AdoptOrphan(dir string) (*Lock, error) {
 // session lives (sessions outlive reconnections, and a ZooKeeper server's
 // restart).
 func (c *Conn) withdraw(dir, prefix string) {
-	if !c.withdrawNow(dir, prefix) {
-		c.mu.Lock()
-		if c.leftover == nil {
-			c.leftover = map[string]string{}
-		}
-		c.leftover[prefix] = dir
-		c.mu.Unlock()
+	c.mu.Lock()
+	if c.doomed == nil {
+		c.doomed = map[string]bool{}
 	}
+	c.doomed[prefix] = true
+	c.mu.Unlock()
+	done := c.withdrawNow(dir, prefix)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if done {
+		delete(c.doomed, prefix)
+		return
+	}
+	if c.leftover == nil {
+		c.leftover = map[string]string{}
+	}
+	c.leftover[prefix] = dir
 }
 
 func (c *Conn) withdrawNow(dir, prefix string) bool {
@@ -227,9 +244,7 @@ func (c *Conn) Withdrawn() int {
 	c.leftover = nil
 	c.mu.Unlock()
 	for prefix, dir := range left {
-		if !c.withdrawNow(dir, prefix) {
-			c.withdraw(dir, prefix)
-		}
+		c.withdraw(dir, prefix)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -246,7 +261,7 @@ func (l *Lock) Release() error {
 	err := l.c.Delete(l.dir+"/"+l.node, -1)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		// Done again later: a lock kept by mistake blocks everyone.
-		l.c.withdraw(l.dir, strings.TrimSuffix(l.node, l.node[len(l.node)-10:]))
+		l.c.withdraw(l.dir, contenderPrefix(l.node))
 		return fmt.Errorf("unlocking %s: %w", l.dir, err)
 	}
 	return nil
@@ -306,4 +321,13 @@ func (c *Conn) createInDir(dir, prefix string, data []byte) (string, error) {
 		return "", err
 	}
 	return c.local(created), nil
+}
+
+// contenderPrefix is a contender's name without the sequence number the
+// server appended (ten digits): the unique prefix its lock attempt chose.
+func contenderPrefix(node string) string {
+	if len(node) < 10 {
+		return node
+	}
+	return node[:len(node)-10]
 }
