@@ -8,6 +8,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/zkbridge"
 )
@@ -157,4 +159,51 @@ func TestOrphanedLockIsAdopted(t *testing.T) {
 	}
 	_ = again.Release()
 	_ = l.Release()
+}
+
+// A contender whose release failed (the connection down) is left to be
+// withdrawn once the connection is back: it must not be adopted as an
+// orphan meanwhile, or the withdrawal deletes it under the process that
+// adopted it, and another session's contender holds the lock beside it
+// (two bridges fulfilled one request after a ZooKeeper restart in
+// TestZuulKillBridgesAndZooKeeper).
+func TestLockBeingWithdrawnIsNotAdopted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	proxy := e.zk.Proxy(t)
+	cfg, err := config.Parse("z.yaml", []byte("labels: []\n"+e.zk.ConfigYAMLVia(proxy, e.chroot)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := zkbridge.Dial(t.Context(), cfg.ZooKeeper(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	other := newZuulClient(t, e).c
+	const dir = zkbridge.RequestLocksPath + "/200-0000000003"
+	l, err := c.TryLock(dir, zkbridge.LockIdentifierPrefix+"test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	if err := l.Release(); err == nil {
+		t.Fatal("a release with the connection cut succeeded")
+	}
+	proxy.Restore()
+	waitfor.Until(t, 20*time.Second, "the connection back, the session trusted", func() bool {
+		_, _, err := c.Children(zkbridge.RequestLocksPath)
+		return err == nil && c.Trusted()
+	})
+	if got, err := c.AdoptOrphan(dir); err != nil || got != nil {
+		t.Fatalf("AdoptOrphan of a contender being withdrawn: %v %v, want none", got, err)
+	}
+	if left := c.Withdrawn(); left != 0 {
+		t.Fatalf("%d contenders left to withdraw", left)
+	}
+	again, err := other.TryLock(dir, zkbridge.LockIdentifierPrefix+"other")
+	if err != nil {
+		t.Fatalf("TryLock once the contender was withdrawn: %v", err)
+	}
+	_ = again.Release()
 }
