@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -272,11 +273,9 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 		_ = msg.Term()
 		return
 	}
-	delivered := uint64(1)
-	if meta, merr := msg.Metadata(); merr == nil {
-		delivered = meta.NumDelivered
+	if lc.l.log.Enabled(ctx, slog.LevelDebug) {
+		lc.l.log.Debug("work came", "node", w.Node, "work", kind, "revision", w.Revision, "delivered", deliveries(msg))
 	}
-	lc.l.log.Debug("work came", "node", w.Node, "work", kind, "revision", w.Revision, "delivered", delivered)
 	e, err := lc.workRecord(ctx, w)
 	if err == nil {
 		slot := held
@@ -296,12 +295,23 @@ func (lc *lifecycle) handleWork(ctx context.Context, msg jetstream.Msg, kind, pr
 		// node's provider, pool or label, a machine of the node is still
 		// stopping, or the server did not answer): this or another
 		// process has it again.
+		delivered := deliveries(msg)
 		delay := redeliveryDelay(delivered)
 		lc.l.log.Debug("work not taken here; it comes back", "node", w.Node, "work", kind, "delivered", delivered, "in", delay, "err", err)
 		if err := msg.NakWithDelay(delay); err != nil {
 			lc.l.log.Debug("nak failed; the work will be delivered again", "err", err)
 		}
 	}
+}
+
+// deliveries is how many times a message was delivered, this time
+// included (1 when its metadata cannot be read). Read only where it is
+// used: parsing it for every message costs the hot path.
+func deliveries(msg jetstream.Msg) uint64 {
+	if meta, err := msg.Metadata(); err == nil {
+		return meta.NumDelivered
+	}
+	return 1
 }
 
 // openDeletes opens the consumer of every provider's deletes.
