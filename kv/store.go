@@ -43,8 +43,10 @@ type Store[T any] struct {
 // NewStore wraps a bucket.
 func NewStore[T any](bucket jetstream.KeyValue) *Store[T] { return &Store[T]{kv: bucket} }
 
-// newStore wraps a bucket of a JetStream context.
-func newStore[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T] {
+// NewStoreJS wraps a bucket of a JetStream context, with which List and
+// caches pull the records in large batches (a store without one watches
+// them).
+func NewStoreJS[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T] {
 	return &Store[T]{kv: bucket, js: js}
 }
 
@@ -139,7 +141,7 @@ func mapErr(err error) error {
 // Decode parses a stored value.
 func Decode[T any](key string, data []byte) (T, error) {
 	var v T
-	if err := json.Unmarshal(data, &v); err != nil {
+	if err := record.Unmarshal(data, &v); err != nil {
 		return v, fmt.Errorf("%w: key %q: %w", ErrBadRecord, key, err)
 	}
 	return v, nil

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Resources is what a node counts against quota: cores, RAM (MB) and
@@ -84,19 +87,24 @@ func (r Resources) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads what MarshalJSON writes; every value must be an
 // integer.
-func (r *Resources) UnmarshalJSON(b []byte) error {
-	var m map[string]int
-	if err := json.Unmarshal(b, &m); err != nil {
+func (r *Resources) UnmarshalJSON(b []byte) error { return Unmarshal(b, r) }
+
+// resourcesJSON is Resources as its records hold it: the members that are
+// not cores, ram or instances are the other resources.
+type resourcesJSON struct {
+	Cores     int            `json:"cores"`
+	RAM       int            `json:"ram"`
+	Instances int            `json:"instances"`
+	Other     map[string]int `json:",inline"`
+}
+
+// UnmarshalJSONFrom is UnmarshalJSON for Unmarshal, which decodes a node's
+// resources in place (without reading them into a map first).
+func (r *Resources) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	var v resourcesJSON
+	if err := jsonv2.UnmarshalDecode(dec, &v); err != nil {
 		return fmt.Errorf("resources: expected an object of integers: %w", err)
 	}
-	*r = Resources{Cores: m["cores"], RAM: m["ram"], Instances: m["instances"]}
-	for k, v := range m {
-		if !fixedResources[k] {
-			if r.Other == nil {
-				r.Other = map[string]int{}
-			}
-			r.Other[k] = v
-		}
-	}
+	*r = Resources(v)
 	return nil
 }
