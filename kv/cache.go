@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -126,7 +127,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		stop()
 		return nil
 	}
-	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}, listing: c.listing}
+	w := &watchLoop{kv: c.store.kv, js: c.store.js, keys: c.store.keys, log: c.log, sinks: []sink{c}, listing: c.listing}
 	w.run(ctx)
 	return nil
 }
@@ -273,17 +274,43 @@ func (c *Cache[T]) observe(e jetstream.KeyValueEntry) {
 		return
 	}
 	v, err := Decode[T](key, e.Value())
+	c.decoded(key, e.Value(), e.Revision(), v, err)
+}
+
+// load applies a batch of the bucket's messages in their order (those of
+// the cache's keys), decoding them on every core first.
+func (c *Cache[T]) load(batch []rawRecord) {
+	mine := slices.DeleteFunc(slices.Clone(batch), func(r rawRecord) bool { return !c.wants(r.key) })
+	vals := make([]T, len(mine))
+	errs := make([]error, len(mine))
+	onEveryCore(len(mine), func(i int) {
+		if r := &mine[i]; r.op == jetstream.KeyValuePut {
+			vals[i], errs[i] = Decode[T](r.key, r.data)
+		}
+	})
+	for i, r := range mine {
+		if r.op != jetstream.KeyValuePut {
+			c.remove(r.key, r.rev)
+			continue
+		}
+		c.decoded(r.key, r.data, r.rev, vals[i], errs[i])
+	}
+}
+
+// decoded applies a record the watch or a load read: its value, or, if it
+// did not decode, the error, kept until a newer revision replaces it.
+func (c *Cache[T]) decoded(key string, data []byte, rev uint64, v T, err error) {
 	if err != nil {
-		c.log.Error("ignoring a record that is not valid", "key", key, "revision", e.Revision(), "err", err)
-		c.remove(key, e.Revision())
+		c.log.Error("ignoring a record that is not valid", "key", key, "revision", rev, "err", err)
+		c.remove(key, rev)
 		c.mu.Lock()
-		if c.bad[key].Revision < e.Revision() {
-			c.bad[key] = BadRecord{Key: key, Revision: e.Revision(), Data: e.Value(), Err: err}
+		if c.bad[key].Revision < rev {
+			c.bad[key] = BadRecord{Key: key, Revision: rev, Data: data, Err: err}
 		}
 		c.mu.Unlock()
 		return
 	}
-	c.Apply(Entry[T]{Key: key, Value: v, Revision: e.Revision()})
+	c.Apply(Entry[T]{Key: key, Value: v, Revision: rev})
 }
 
 func (c *Cache[T]) remove(key string, rev uint64) {
@@ -501,64 +528,93 @@ func (s *Subscription[T]) Drain() []Change[T] {
 
 // List reads every record of the bucket once (without keeping a watch).
 // With the store's JetStream context it pulls the last message of every
-// key from the bucket's stream in large batches, and decodes them on every
-// core (a watch, pushed with flow control and decoded one at a time, read
-// 100,000 records in about 3 s); without, it watches.
+// key from the bucket's stream in large batches, and decodes each batch on
+// every core while the next one comes (a watch, pushed with flow control
+// and decoded one at a time, read 100,000 records in about 3 s); without,
+// it watches.
 func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
-	raws, err := s.rawList(ctx)
+	if s.js == nil {
+		raws, err := s.watchList(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return decodeAll[T](raws), nil
+	}
+	var (
+		parts []*[]Entry[T]
+		wg    sync.WaitGroup
+	)
+	_, err := pullLast(ctx, s.js, s.kv.Bucket(), s.keys, listBatch, func(batch []rawRecord) {
+		batch = slices.DeleteFunc(batch, func(r rawRecord) bool { return r.op != jetstream.KeyValuePut })
+		part := new([]Entry[T])
+		parts = append(parts, part)
+		wg.Go(func() { *part = decodeAll[T](batch) })
+	})
+	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
-	return decodeAll[T](raws), nil
+	n := 0
+	for _, p := range parts {
+		n += len(*p)
+	}
+	out := make([]Entry[T], 0, n)
+	for _, p := range parts {
+		out = append(out, *p...)
+	}
+	return out, nil
 }
 
-// rawRecord is a record as the stream holds it, not decoded yet.
+// rawRecord is a message of a bucket's stream, not decoded yet: a record
+// (op KeyValuePut), or a deletion or purge of its key.
 type rawRecord struct {
 	key  string
 	data []byte
 	rev  uint64
+	op   jetstream.KeyValueOp
 }
 
-// listBatch is how many messages one pull of List asks for, and listIdle
-// how long the server keeps the consumer of a List that stopped pulling.
+// listBatch is how many messages one pull of List and of a cache's load
+// asks for, and
+// listIdle how long the server keeps the consumer of a pull that stopped.
 const (
 	listBatch = 10000
 	listIdle  = 30 * time.Second
 )
 
-// rawList reads the last value of every key, deletions left out.
-func (s *Store[T]) rawList(ctx context.Context) ([]rawRecord, error) {
-	if s.js == nil {
-		return s.watchList(ctx)
-	}
-	bucket := s.kv.Bucket()
+// pullLast reads the last message of every key of a bucket (of the keys
+// matching keys, all if empty), deletions included, in the stream's
+// order, and hands them to each in batches of at most batchSize (a batch
+// is each's to keep). It returns the stream sequence up to which it read every
+// message: a watch resumed after it misses nothing.
+func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, batchSize int, each func([]rawRecord)) (uint64, error) {
 	prefix := "$KV." + bucket + "."
-	keys := cmp.Or(s.keys, ">")
-	cons, err := s.js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + keys}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		// Deleted once the list is read; the server forgets one left
+	cons, err := js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + cmp.Or(keys, ">")}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		// Deleted once the records are read; the server forgets one left
 		// behind (a process killed meanwhile) after this.
 		InactiveThreshold: listIdle,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("listing %s: %w", bucket, err)
+		return 0, fmt.Errorf("listing %s: %w", bucket, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("listing %s: %w", bucket, err)
+		return 0, fmt.Errorf("listing %s: %w", bucket, err)
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		_ = s.js.DeleteConsumer(dctx, "KV_"+bucket, cons.CachedInfo().Name)
+		_ = js.DeleteConsumer(dctx, "KV_"+bucket, cons.CachedInfo().Name)
 	}()
 	left := info.NumPending
-	out := make([]rawRecord, 0, left)
+	var last uint64
 	for left > 0 {
-		batch, err := cons.Fetch(int(min(left, listBatch)), jetstream.FetchContext(ctx))
+		batch, err := cons.Fetch(int(min(left, uint64(batchSize))), jetstream.FetchContext(ctx))
 		if err != nil {
-			return nil, fmt.Errorf("listing %s: %w", bucket, err)
+			return 0, fmt.Errorf("listing %s: %w", bucket, err)
 		}
+		out := make([]rawRecord, 0, min(left, uint64(batchSize)))
 		for m := range batch.Messages() {
 			left--
 			md, err := m.Metadata()
@@ -568,16 +624,23 @@ func (s *Store[T]) rawList(ctx context.Context) ([]rawRecord, error) {
 			if md.NumPending == 0 {
 				left = 0 // the last key's (keys deleted since the start are not counted)
 			}
-			if m.Headers().Get(kvOperationHeader) != "" {
-				continue // a deletion or a purge
+			last = md.Sequence.Stream
+			op := jetstream.KeyValuePut
+			switch m.Headers().Get(kvOperationHeader) {
+			case "":
+			case "PURGE":
+				op = jetstream.KeyValuePurge
+			default:
+				op = jetstream.KeyValueDelete
 			}
-			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream})
+			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream, op: op})
 		}
 		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("listing %s: %w", bucket, err)
+			return 0, fmt.Errorf("listing %s: %w", bucket, err)
 		}
+		each(out)
 	}
-	return out, nil
+	return last, nil
 }
 
 // kvOperationHeader marks a bucket's deletions and purges.
@@ -612,21 +675,12 @@ func (s *Store[T]) watchList(ctx context.Context) ([]rawRecord, error) {
 func decodeAll[T any](raws []rawRecord) []Entry[T] {
 	out := make([]Entry[T], len(raws))
 	ok := make([]bool, len(raws))
-	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/1000))
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < len(raws); i += workers {
-				r := &raws[i]
-				v, err := Decode[T](r.key, r.data)
-				if err != nil {
-					continue
-				}
-				out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
-			}
-		})
-	}
-	wg.Wait()
+	onEveryCore(len(raws), func(i int) {
+		r := &raws[i]
+		if v, err := Decode[T](r.key, r.data); err == nil {
+			out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
+		}
+	})
 	n := 0
 	for i := range out {
 		if ok[i] {
@@ -636,6 +690,21 @@ func decodeAll[T any](raws []rawRecord) []Entry[T] {
 	}
 	clear(out[n:])
 	return out[:n]
+}
+
+// onEveryCore calls fn for 0 to n-1, spread over the cores (on one when n
+// is small).
+func onEveryCore(n int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), max(1, n/1000))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				fn(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // Modify changes a record like Store.Modify, but starts from the cached

@@ -1,6 +1,15 @@
 package kv
 
-import "testing"
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natstest"
+)
 
 func TestKeyMatches(t *testing.T) {
 	t.Parallel()
@@ -25,5 +34,65 @@ func TestKeyMatches(t *testing.T) {
 		if got := keyMatches(c.pattern, c.key); got != c.want {
 			t.Errorf("keyMatches(%q, %q) = %v, want %v", c.pattern, c.key, got, c.want)
 		}
+	}
+}
+
+// pullLast hands over the last message of every key, deletions included,
+// in batches of the size asked and in the stream's order, and says up to
+// which sequence it read: what a cache's load feeds it.
+func TestPullLastBatches(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	b, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pull"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]jetstream.KeyValueOp{}
+	for i := range 40 {
+		key := fmt.Sprintf("k%02d", i%25) // 15 keys written twice
+		if _, err := b.PutString(ctx, key, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		want[key] = jetstream.KeyValuePut
+	}
+	if err := b.Delete(ctx, "k03"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Purge(ctx, "k04"); err != nil {
+		t.Fatal(err)
+	}
+	want["k03"], want["k04"] = jetstream.KeyValueDelete, jetstream.KeyValuePurge
+	var (
+		sizes []int
+		got   = map[string]jetstream.KeyValueOp{}
+		prev  uint64
+	)
+	seq, err := pullLast(ctx, js, "pull", "", 7, func(batch []rawRecord) {
+		sizes = append(sizes, len(batch))
+		for _, r := range batch {
+			if r.rev <= prev {
+				t.Errorf("%s at %d after %d: out of the stream's order", r.key, r.rev, prev)
+			}
+			prev = r.rev
+			got[r.key] = r.op
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("pulled %v, want %v", got, want)
+	}
+	if slices.Max(sizes) > 7 || len(sizes) != 4 {
+		t.Errorf("batches of %v for 25 keys; want 4 of at most 7", sizes)
+	}
+	st, err := b.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq; seq != last {
+		t.Errorf("read up to %d; the stream's last sequence is %d", seq, last)
 	}
 }

@@ -2,6 +2,8 @@ package kv_test
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"testing"
 
@@ -25,7 +27,7 @@ func TestStoreList(t *testing.T) {
 		t.Fatal(err)
 	}
 	var want []string
-	for i := range 2500 { // more than one of List's pulls
+	for i := range 2500 {
 		id := fmt.Sprintf("n%05d", i)
 		rev, err := b.Nodes.Create(ctx, id, &kv.Node{ID: id, State: kv.NodeBuilding})
 		if err != nil {
@@ -95,6 +97,90 @@ func TestStoreList(t *testing.T) {
 				if info.State.Consumers != 0 {
 					t.Errorf("%d consumers left on the bucket after listing; want none", info.State.Consumers)
 				}
+			}
+		})
+	}
+}
+
+// A cache started on a bucket that holds records loads them (pulled, or
+// watched for a bare bucket): the same records List reads, the one that
+// does not decode among its bad records; then its watch goes on from
+// there.
+func TestCacheLoadsTheBucket(t *testing.T) {
+	t.Parallel()
+	b, js := bucketsJS(t)
+	ctx := t.Context()
+	bare, err := js.KeyValue(ctx, kv.BucketNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1500 {
+		id := fmt.Sprintf("n%05d", i)
+		rev, err := b.Nodes.Create(ctx, id, &kv.Node{ID: id, State: kv.NodeBuilding})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 1 {
+			if err := b.Nodes.Delete(ctx, id, rev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := bare.Put(ctx, "not-json", []byte("{")); err != nil {
+		t.Fatal(err)
+	}
+	want, err := b.Nodes.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		name  string
+		store *kv.Store[kv.Node]
+	}{
+		{"pulled", b.Nodes},
+		{"watched", kv.NewStore[kv.Node](bare)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := kv.NewCache(tc.store, log)
+			defer c.Start()()
+			if err := c.WaitSynced(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c.Len() != len(want) {
+				t.Errorf("cache holds %d records, want %d", c.Len(), len(want))
+			}
+			for _, w := range want {
+				if e, ok := c.Get(w.Key); !ok || e.Revision != w.Revision || e.Value.State != w.Value.State {
+					t.Fatalf("cache holds %s as %+v (%v), want revision %d", w.Key, e, ok, w.Revision)
+				}
+			}
+			if bad := c.BadRecords(); len(bad) != 1 || bad[0].Key != "not-json" {
+				t.Errorf("bad records %v, want not-json", bad)
+			}
+			// Deleted and changed after the load: the watch brings both.
+			if err := b.Nodes.Delete(ctx, "n00000", 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Nodes.Modify(ctx, "n00002", func(n *kv.Node) error { n.State = kv.NodeReady; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c.Has("n00000") {
+				t.Error("n00000 deleted after the load is still in the cache")
+			}
+			if e, _ := c.Get("n00002"); e.Value.State != kv.NodeReady {
+				t.Errorf("n00002 changed after the load is %s in the cache, want ready", e.Value.State)
+			}
+			// Put back for the next case.
+			if _, err := b.Nodes.Create(ctx, "n00000", &kv.Node{ID: "n00000", State: kv.NodeBuilding}); err != nil {
+				t.Fatal(err)
+			}
+			want, err = b.Nodes.List(ctx)
+			if err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
