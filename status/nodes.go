@@ -61,12 +61,30 @@ func LauncherName(id string, alive Liveness) string {
 
 // SortNodes orders nodes by creation, then id.
 func SortNodes(nodes []kv.Node) {
-	slices.SortFunc(nodes, func(x, y kv.Node) int {
-		if c := x.Created.Compare(y.Created); c != 0 {
+	// Sorted by index, then each node moved once: a node is hundreds of
+	// bytes, and sorting 100,000 of them in place moves each some 17 times.
+	from := make([]int, len(nodes)) // from[i]: the node that goes to i
+	for i := range from {
+		from[i] = i
+	}
+	slices.SortFunc(from, func(x, y int) int {
+		if c := nodes[x].Created.Compare(nodes[y].Created); c != 0 {
 			return c
 		}
-		return strings.Compare(x.ID, y.ID)
+		return strings.Compare(nodes[x].ID, nodes[y].ID)
 	})
+	for i := range from {
+		if from[i] < 0 || from[i] == i {
+			continue
+		}
+		held, j := nodes[i], i
+		for from[j] != i {
+			k := from[j]
+			nodes[j], from[j] = nodes[k], -1
+			j = k
+		}
+		nodes[j], from[j] = held, -1
+	}
 }
 
 // nodeCells gives each column's cell of a node, in NodeColumns' order.

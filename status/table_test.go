@@ -168,3 +168,29 @@ func TestNodeCellsMatchColumns(t *testing.T) {
 		t.Errorf("a node row has %d fields for %d columns: %v", len(rows[0]), len(status.NodeColumns), err)
 	}
 }
+
+// SortNodes orders by creation, then id, and keeps every node whole.
+func TestSortNodes(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	for _, n := range []int{0, 1, 2, 3, 10, 1000} {
+		nodes := make([]kv.Node, n)
+		for i := range nodes {
+			// Creation times repeat, so the id decides among equals.
+			nodes[i] = kv.Node{ID: fmt.Sprintf("n%04d", (i*7919)%max(n, 1)), Created: base.Add(time.Duration((i*31)%5) * time.Second)}
+			nodes[i].Hostname = nodes[i].ID
+		}
+		status.SortNodes(nodes)
+		for i := range nodes {
+			if nodes[i].Hostname != nodes[i].ID {
+				t.Fatalf("n=%d: node %d mixed up: id %s, hostname %s", n, i, nodes[i].ID, nodes[i].Hostname)
+			}
+			if i > 0 {
+				p, c := nodes[i-1], nodes[i]
+				if p.Created.After(c.Created) || (p.Created.Equal(c.Created) && p.ID >= c.ID) {
+					t.Fatalf("n=%d: out of order at %d: %s %v before %s %v", n, i, p.ID, p.Created, c.ID, c.Created)
+				}
+			}
+		}
+	}
+}
