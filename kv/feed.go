@@ -101,20 +101,8 @@ func (l *watchLoop) run(ctx context.Context) {
 			}
 			l.created = created
 		}
-		if last == 0 && l.js != nil {
-			seq, err := l.load(ctx)
-			switch {
-			case ctx.Err() != nil:
-				return
-			case err != nil:
-				// What was loaded stays; the watch delivers it again,
-				// which changes nothing (revisions are checked).
-				l.log.Warn("could not load the records; watching them from the start", "err", err)
-			case seq > 0:
-				last = seq
-				l.advance(max(last, l.covered(ctx, last, target)))
-				l.markSynced()
-			}
+		if last = l.loadFirst(ctx, last, target); ctx.Err() != nil {
+			break
 		}
 		var opts []jetstream.WatchOpt
 		if last > 0 {
@@ -138,6 +126,28 @@ func (l *watchLoop) run(ctx context.Context) {
 		last = l.consume(ctx, w, last, target, created)
 		_ = w.Stop()
 	}
+}
+
+// loadFirst loads the records (load) if the loop has delivered none yet
+// and can pull, and returns the stream sequence the sinks then cover,
+// from which the watch goes on (last if nothing was loaded).
+func (l *watchLoop) loadFirst(ctx context.Context, last, target uint64) uint64 {
+	if last > 0 || l.js == nil {
+		return last
+	}
+	seq, err := l.load(ctx)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		// What was loaded stays; the watch delivers it again, which
+		// changes nothing (revisions are checked).
+		l.log.Warn("could not load the records; watching them from the start", "err", err)
+	case seq > 0:
+		l.advance(max(seq, l.covered(ctx, seq, target)))
+		l.markSynced()
+		return seq
+	}
+	return last
 }
 
 // load fills the sinks with the last message of every key, pulled in
