@@ -1,10 +1,12 @@
 package kv
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -42,7 +44,8 @@ func TestKeyMatches(t *testing.T) {
 // which sequence it read: what a cache's load feeds it.
 func TestPullLastBatches(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	b, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pull"})

@@ -1,11 +1,13 @@
 package kv_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -109,7 +111,10 @@ func TestStoreList(t *testing.T) {
 func TestCacheLoadsTheBucket(t *testing.T) {
 	t.Parallel()
 	b, js := bucketsJS(t)
-	ctx := t.Context()
+	// Everything here waits on the server or the cache's watch: a
+	// deadline turns a hang into a failure that says where.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	bare, err := js.KeyValue(ctx, kv.BucketNodes)
 	if err != nil {
 		t.Fatal(err)
