@@ -168,7 +168,7 @@ labels: [{name: small}]
 providers:
   - name: c
     driver: fake
-    boot-delay: 2
+    boot-delay: 8
     max-concurrency: 1
     pools: [{name: p, labels: [small]}]
 `)
@@ -178,6 +178,10 @@ providers:
 	for range 3 {
 		ids = append(ids, h.submit(events.RequestMessage{Labels: []string{"small"}}))
 	}
+	// The first launch holds the one slot for its 8 s boot: long enough
+	// for the purge to come while the other two wait, however busy the
+	// machine (with a 2 s boot, a loaded run saw the first launch end,
+	// and the second's message pulled, before the purge).
 	h.until(30*time.Second, "one launch running and two waiting in the work stream", func() bool {
 		return h.workCounts().waiting == 2
 	})
@@ -188,7 +192,7 @@ providers:
 	if err := st.Purge(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	h.waitDone(60*time.Second, ids...)
+	h.waitDone(120*time.Second, ids...)
 	for _, id := range ids {
 		if s := h.state(id); s != kv.RequestFulfilled {
 			t.Fatalf("request %s: %s", id, s)
