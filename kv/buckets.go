@@ -105,12 +105,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 		byName[cfg.Bucket] = i
 	}
 	b := &Buckets{
-		Requests:   NewStoreJS[Request](js, kvs[byName[BucketRequests]]),
-		Nodes:      NewStoreJS[Node](js, kvs[byName[BucketNodes]]),
+		Requests:   newStore[Request](js, kvs[byName[BucketRequests]]),
+		Nodes:      newStore[Node](js, kvs[byName[BucketNodes]]),
 		Images:     kvs[byName[BucketImages]],
-		Components: NewStoreJS[Component](js, kvs[byName[BucketComponents]]),
-		Locks:      NewStoreJS[LeaseRecord](js, kvs[byName[BucketLocks]]),
-		Providers:  NewStoreJS[ProviderRecord](js, kvs[byName[BucketProviders]]),
+		Components: newStore[Component](js, kvs[byName[BucketComponents]]),
+		Locks:      newStore[LeaseRecord](js, kvs[byName[BucketLocks]]),
+		Providers:  newStore[ProviderRecord](js, kvs[byName[BucketProviders]]),
 		LeaseTTL:   streams[byName[BucketComponents]].MaxAge,
 	}
 	if lock := streams[byName[BucketLocks]].MaxAge; b.LeaseTTL != lock {
@@ -268,7 +268,7 @@ func OpenProviders(ctx context.Context, js jetstream.JetStream) (*Store[Provider
 	if b, err = ReadFromLeader(ctx, js, b); err != nil {
 		return nil, err
 	}
-	return NewStoreJS[ProviderRecord](js, b), nil
+	return newStore[ProviderRecord](js, b), nil
 }
 
 // Open opens the buckets, which must exist, but for nodepool-providers
@@ -290,19 +290,19 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	if b, err = open(BucketRequests); err != nil {
 		return nil, err
 	}
-	bs.Requests = NewStoreJS[Request](js, b)
+	bs.Requests = newStore[Request](js, b)
 	if b, err = open(BucketNodes); err != nil {
 		return nil, err
 	}
-	bs.Nodes = NewStoreJS[Node](js, b)
+	bs.Nodes = newStore[Node](js, b)
 	if b, err = open(BucketComponents); err != nil {
 		return nil, err
 	}
-	bs.Components = NewStoreJS[Component](js, b)
+	bs.Components = newStore[Component](js, b)
 	if b, err = open(BucketLocks); err != nil {
 		return nil, err
 	}
-	bs.Locks = NewStoreJS[LeaseRecord](js, b)
+	bs.Locks = newStore[LeaseRecord](js, b)
 	if bs.Images, err = open(BucketImages); err != nil {
 		return nil, err
 	}

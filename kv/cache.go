@@ -127,7 +127,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		stop()
 		return nil
 	}
-	w := &watchLoop{kv: c.store.kv, js: c.store.js, keys: c.store.keys, log: c.log, sinks: []sink{c}, listing: c.listing}
+	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}, listing: c.listing}
 	w.run(ctx)
 	return nil
 }
@@ -277,28 +277,8 @@ func (c *Cache[T]) observe(e jetstream.KeyValueEntry) {
 	c.decoded(key, e.Value(), e.Revision(), v, err)
 }
 
-// load applies a batch of the bucket's messages in their order (those of
-// the cache's keys), decoding them on every core first.
-func (c *Cache[T]) load(batch []rawRecord) {
-	mine := slices.DeleteFunc(slices.Clone(batch), func(r rawRecord) bool { return !c.wants(r.key) })
-	vals := make([]T, len(mine))
-	errs := make([]error, len(mine))
-	onEveryCore(len(mine), func(i int) {
-		if r := &mine[i]; r.op == jetstream.KeyValuePut {
-			vals[i], errs[i] = Decode[T](r.key, r.data)
-		}
-	})
-	for i, r := range mine {
-		if r.op != jetstream.KeyValuePut {
-			c.remove(r.key, r.rev)
-			continue
-		}
-		c.decoded(r.key, r.data, r.rev, vals[i], errs[i])
-	}
-}
-
-// decoded applies a record the watch or a load read: its value, or, if it
-// did not decode, the error, kept until a newer revision replaces it.
+// decoded applies a record the watch read: its value, or, if it did not
+// decode, the error, kept until a newer revision replaces it.
 func (c *Cache[T]) decoded(key string, data []byte, rev uint64, v T, err error) {
 	if err != nil {
 		c.log.Error("ignoring a record that is not valid", "key", key, "revision", rev, "err", err)
@@ -574,12 +554,16 @@ type rawRecord struct {
 	op   jetstream.KeyValueOp
 }
 
-// listBatch is how many messages one pull of List and of a cache's load
-// asks for, and
-// listIdle how long the server keeps the consumer of a pull that stopped.
+// listBatch is how many messages one pull of List asks for, listIdle how
+// long the server keeps the consumer of a pull that stopped,
+// listResets how many times a pull may make its consumer again (every
+// fetch does once), and listFetchWait how long one fetch, of messages
+// that are all there, may take.
 const (
-	listBatch = 10000
-	listIdle  = 30 * time.Second
+	listBatch     = 10000
+	listIdle      = 30 * time.Second
+	listResets    = 3
+	listFetchWait = 20 * time.Second
 )
 
 // pullLast reads the last message of every key of a bucket (of the keys
@@ -594,6 +578,10 @@ func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, 
 		// Deleted once the records are read; the server forgets one left
 		// behind (a process killed meanwhile) after this.
 		InactiveThreshold: listIdle,
+		// An ordered consumer makes a new server-side consumer for every
+		// fetch, and by default retries that forever (whatever the
+		// context says): a stream without a leader would hang the list.
+		MaxResetAttempts: listResets,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("listing %s: %w", bucket, err)
@@ -610,8 +598,10 @@ func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, 
 	left := info.NumPending
 	var last uint64
 	for left > 0 {
-		batch, err := cons.Fetch(int(min(left, uint64(batchSize))), jetstream.FetchContext(ctx))
+		fctx, cancel := context.WithTimeout(ctx, listFetchWait)
+		batch, err := cons.Fetch(int(min(left, uint64(batchSize))), jetstream.FetchContext(fctx))
 		if err != nil {
+			cancel()
 			return 0, fmt.Errorf("listing %s: %w", bucket, err)
 		}
 		out := make([]rawRecord, 0, min(left, uint64(batchSize)))
@@ -635,6 +625,7 @@ func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, 
 			}
 			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream, op: op})
 		}
+		cancel()
 		if err := batch.Error(); err != nil {
 			return 0, fmt.Errorf("listing %s: %w", bucket, err)
 		}

@@ -18,8 +18,6 @@ type sink interface {
 	// wants reports whether a key is one of the sink's.
 	wants(key string) bool
 	observe(e jetstream.KeyValueEntry)
-	// load applies a batch of the bucket's messages (see watchLoop.load).
-	load(batch []rawRecord)
 	// advance records that the watch delivered every change up to seq.
 	advance(seq uint64)
 	markSynced()
@@ -53,10 +51,7 @@ func keyMatches(pattern, key string) bool {
 // watchLoop is one watch of a bucket's keys (all of them if keys is
 // empty) feeding sinks.
 type watchLoop struct {
-	kv jetstream.KeyValue
-	// js, if set, pulls the bucket's records when the loop starts
-	// (load); without it, the watch delivers them.
-	js    jetstream.JetStream
+	kv    jetstream.KeyValue
 	keys  string
 	log   *slog.Logger
 	sinks []sink
@@ -101,9 +96,6 @@ func (l *watchLoop) run(ctx context.Context) {
 			}
 			l.created = created
 		}
-		if last = l.loadFirst(ctx, last, target); ctx.Err() != nil {
-			break
-		}
 		var opts []jetstream.WatchOpt
 		if last > 0 {
 			opts = append(opts, jetstream.ResumeFromRevision(last+1))
@@ -126,51 +118,6 @@ func (l *watchLoop) run(ctx context.Context) {
 		last = l.consume(ctx, w, last, target, created)
 		_ = w.Stop()
 	}
-}
-
-// loadFirst loads the records (load) if the loop has delivered none yet
-// and can pull, and returns the stream sequence the sinks then cover,
-// from which the watch goes on (last if nothing was loaded).
-func (l *watchLoop) loadFirst(ctx context.Context, last, target uint64) uint64 {
-	if last > 0 || l.js == nil {
-		return last
-	}
-	seq, err := l.load(ctx)
-	switch {
-	case ctx.Err() != nil:
-	case err != nil:
-		// What was loaded stays; the watch delivers it again, which
-		// changes nothing (revisions are checked).
-		l.log.Warn("could not load the records; watching them from the start", "err", err)
-	case seq > 0:
-		l.advance(max(seq, l.covered(ctx, seq, target)))
-		l.markSynced()
-		return seq
-	}
-	return last
-}
-
-// load fills the sinks with the last message of every key, pulled in
-// large batches and decoded on every core while the next batch comes: the
-// initial values of a watch, pushed with flow control and decoded one at
-// a time, took about 3 s for 100,000 nodes. It returns the stream
-// sequence up to which the sinks then hold every change (0 if the bucket
-// is empty): the watch resumes after it.
-func (l *watchLoop) load(ctx context.Context) (uint64, error) {
-	batches := make(chan []rawRecord, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for batch := range batches {
-			for _, s := range l.sinks {
-				s.load(batch)
-			}
-		}
-	}()
-	seq, err := pullLast(ctx, l.js, l.kv.Bucket(), l.keys, listBatch, func(batch []rawRecord) { batches <- batch })
-	close(batches)
-	<-done
-	return seq, err
 }
 
 func (l *watchLoop) advance(seq uint64) {

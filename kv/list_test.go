@@ -104,10 +104,9 @@ func TestStoreList(t *testing.T) {
 	}
 }
 
-// A cache started on a bucket that holds records loads them (pulled, or
-// watched for a bare bucket): the same records List reads, the one that
-// does not decode among its bad records; then its watch goes on from
-// there.
+// A cache started on a bucket that holds records holds the same records
+// List reads (for a store that pulls, and for a bare bucket's), the one
+// that does not decode among its bad records; then its watch goes on.
 func TestCacheLoadsTheBucket(t *testing.T) {
 	t.Parallel()
 	b, js := bucketsJS(t)

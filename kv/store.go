@@ -43,10 +43,8 @@ type Store[T any] struct {
 // NewStore wraps a bucket.
 func NewStore[T any](bucket jetstream.KeyValue) *Store[T] { return &Store[T]{kv: bucket} }
 
-// NewStoreJS wraps a bucket of a JetStream context, with which List and
-// caches pull the records in large batches (a store without one watches
-// them).
-func NewStoreJS[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T] {
+// newStore wraps a bucket of a JetStream context.
+func newStore[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T] {
 	return &Store[T]{kv: bucket, js: js}
 }
 

@@ -172,7 +172,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 	p := &Provider{
 		api:   api,
 		cfg:   cfg,
-		store: kv.NewStoreJS[InstanceRecord](js, bucket),
+		store: kv.NewStore[InstanceRecord](bucket),
 		log:   log,
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 	}
