@@ -46,6 +46,9 @@ type cleanup struct {
 	// unowned counts the sweeps in a row that saw a node at one revision
 	// needing work that nobody does.
 	unowned map[string]sighting
+	// leftBehind holds the nodes whose work message takeBack saw waiting
+	// while a pull waited on its consumer, at the last sweep.
+	leftBehind map[string]bool
 }
 
 // sighting is a record seen at a revision in n sweeps in a row, the first
@@ -332,9 +335,13 @@ const maxTakeBack = 100
 // removed from the stream (one message per node and kind: while it is
 // there, no new one is taken), and its node returned for the revisit to
 // write again, which asks for the work anew. A consumer an operator
-// paused holds its messages on purpose: they are left alone. Removing a
-// message a process handles at that moment is harmless: its claim and
-// the revisit's write are revision-checked, and only one lands.
+// paused holds its messages on purpose: they are left alone. A message
+// is taken back only when so seen at two sweeps in a row: one sweep can
+// see a message queued behind a busy slot at the moment the slot frees,
+// its pull on the way (loaded run 5 at ba03f5e took back two such).
+// Removing a message a process handles at that moment is harmless all the
+// same: its claim and the revisit's write are revision-checked, and only
+// one lands.
 func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
 	if len(waiting) == 0 {
 		return nil
@@ -347,6 +354,8 @@ func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []k
 		return nil
 	}
 	idle := map[string]bool{} // consumer: a pull waits on it, and it is not paused
+	sawNow, before := map[string]bool{}, c.leftBehind
+	defer func() { c.leftBehind = sawNow }()
 	var out []kv.Entry[kv.Node]
 	for _, e := range waiting {
 		kind := workKind(&e.Value)
@@ -365,6 +374,9 @@ func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []k
 		}
 		if !ok {
 			continue
+		}
+		if sawNow[e.Key] = true; !before[e.Key] {
+			continue // taken back if so at the next sweep too
 		}
 		if len(out) == maxTakeBack {
 			c.l.log.Warn("more work waits in the work stream while processes wait for work; the rest is taken back next sweep", "taken_back", len(out))
