@@ -343,6 +343,8 @@ const maxTakeBack = 100
 // same: its claim and the revisit's write are revision-checked, and only
 // one lands.
 func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
+	sawNow, before := map[string]bool{}, c.leftBehind
+	defer func() { c.leftBehind = sawNow }()
 	if len(waiting) == 0 {
 		return nil
 	}
@@ -354,8 +356,6 @@ func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []k
 		return nil
 	}
 	idle := map[string]bool{} // consumer: a pull waits on it, and it is not paused
-	sawNow, before := map[string]bool{}, c.leftBehind
-	defer func() { c.leftBehind = sawNow }()
 	var out []kv.Entry[kv.Node]
 	for _, e := range waiting {
 		kind := workKind(&e.Value)
