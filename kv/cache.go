@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -274,23 +273,17 @@ func (c *Cache[T]) observe(e jetstream.KeyValueEntry) {
 		return
 	}
 	v, err := Decode[T](key, e.Value())
-	c.decoded(key, e.Value(), e.Revision(), v, err)
-}
-
-// decoded applies a record the watch read: its value, or, if it did not
-// decode, the error, kept until a newer revision replaces it.
-func (c *Cache[T]) decoded(key string, data []byte, rev uint64, v T, err error) {
 	if err != nil {
-		c.log.Error("ignoring a record that is not valid", "key", key, "revision", rev, "err", err)
-		c.remove(key, rev)
+		c.log.Error("ignoring a record that is not valid", "key", key, "revision", e.Revision(), "err", err)
+		c.remove(key, e.Revision())
 		c.mu.Lock()
-		if c.bad[key].Revision < rev {
-			c.bad[key] = BadRecord{Key: key, Revision: rev, Data: data, Err: err}
+		if c.bad[key].Revision < e.Revision() {
+			c.bad[key] = BadRecord{Key: key, Revision: e.Revision(), Data: e.Value(), Err: err}
 		}
 		c.mu.Unlock()
 		return
 	}
-	c.Apply(Entry[T]{Key: key, Value: v, Revision: rev})
+	c.Apply(Entry[T]{Key: key, Value: v, Revision: e.Revision()})
 }
 
 func (c *Cache[T]) remove(key string, rev uint64) {
@@ -524,8 +517,7 @@ func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
 		parts []*[]Entry[T]
 		wg    sync.WaitGroup
 	)
-	_, err := pullLast(ctx, s.js, s.kv.Bucket(), s.keys, listBatch, func(batch []rawRecord) {
-		batch = slices.DeleteFunc(batch, func(r rawRecord) bool { return r.op != jetstream.KeyValuePut })
+	err := s.pullLast(ctx, listBatch, func(batch []rawRecord) {
 		part := new([]Entry[T])
 		parts = append(parts, part)
 		wg.Go(func() { *part = decodeAll[T](batch) })
@@ -545,13 +537,11 @@ func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
 	return out, nil
 }
 
-// rawRecord is a message of a bucket's stream, not decoded yet: a record
-// (op KeyValuePut), or a deletion or purge of its key.
+// rawRecord is a record as the stream holds it, not decoded yet.
 type rawRecord struct {
 	key  string
 	data []byte
 	rev  uint64
-	op   jetstream.KeyValueOp
 }
 
 // listBatch is how many messages one pull of List asks for, listIdle how
@@ -566,15 +556,15 @@ const (
 	listFetchWait = 20 * time.Second
 )
 
-// pullLast reads the last message of every key of a bucket (of the keys
-// matching keys, all if empty), deletions included, in the stream's
-// order, and hands them to each in batches of at most batchSize (a batch
-// is each's to keep). It returns the stream sequence up to which it read every
-// message: a watch resumed after it misses nothing.
-func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, batchSize int, each func([]rawRecord)) (uint64, error) {
+// pullLast reads the last value of every key of the store, deletions left
+// out, in the stream's order, and hands them to each as they come, one
+// fetch of at most batchSize messages at a time (a batch is each's to
+// keep).
+func (s *Store[T]) pullLast(ctx context.Context, batchSize int, each func([]rawRecord)) error {
+	bucket := s.kv.Bucket()
 	prefix := "$KV." + bucket + "."
-	cons, err := js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + cmp.Or(keys, ">")}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	cons, err := s.js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + cmp.Or(s.keys, ">")}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		// Deleted once the records are read; the server forgets one left
 		// behind (a process killed meanwhile) after this.
 		InactiveThreshold: listIdle,
@@ -584,25 +574,24 @@ func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, 
 		MaxResetAttempts: listResets,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("listing %s: %w", bucket, err)
+		return fmt.Errorf("listing %s: %w", bucket, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("listing %s: %w", bucket, err)
+		return fmt.Errorf("listing %s: %w", bucket, err)
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		_ = js.DeleteConsumer(dctx, "KV_"+bucket, cons.CachedInfo().Name)
+		_ = s.js.DeleteConsumer(dctx, "KV_"+bucket, cons.CachedInfo().Name)
 	}()
 	left := info.NumPending
-	var last uint64
 	for left > 0 {
 		fctx, cancel := context.WithTimeout(ctx, listFetchWait)
 		batch, err := cons.Fetch(int(min(left, uint64(batchSize))), jetstream.FetchContext(fctx))
 		if err != nil {
 			cancel()
-			return 0, fmt.Errorf("listing %s: %w", bucket, err)
+			return fmt.Errorf("listing %s: %w", bucket, err)
 		}
 		out := make([]rawRecord, 0, min(left, uint64(batchSize)))
 		for m := range batch.Messages() {
@@ -614,24 +603,18 @@ func pullLast(ctx context.Context, js jetstream.JetStream, bucket, keys string, 
 			if md.NumPending == 0 {
 				left = 0 // the last key's (keys deleted since the start are not counted)
 			}
-			last = md.Sequence.Stream
-			op := jetstream.KeyValuePut
-			switch m.Headers().Get(kvOperationHeader) {
-			case "":
-			case "PURGE":
-				op = jetstream.KeyValuePurge
-			default:
-				op = jetstream.KeyValueDelete
+			if m.Headers().Get(kvOperationHeader) != "" {
+				continue // a deletion or a purge
 			}
-			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream, op: op})
+			out = append(out, rawRecord{key: strings.TrimPrefix(m.Subject(), prefix), data: m.Data(), rev: md.Sequence.Stream})
 		}
 		cancel()
 		if err := batch.Error(); err != nil {
-			return 0, fmt.Errorf("listing %s: %w", bucket, err)
+			return fmt.Errorf("listing %s: %w", bucket, err)
 		}
 		each(out)
 	}
-	return last, nil
+	return nil
 }
 
 // kvOperationHeader marks a bucket's deletions and purges.
@@ -666,12 +649,21 @@ func (s *Store[T]) watchList(ctx context.Context) ([]rawRecord, error) {
 func decodeAll[T any](raws []rawRecord) []Entry[T] {
 	out := make([]Entry[T], len(raws))
 	ok := make([]bool, len(raws))
-	onEveryCore(len(raws), func(i int) {
-		r := &raws[i]
-		if v, err := Decode[T](r.key, r.data); err == nil {
-			out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
-		}
-	})
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/1000))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(raws); i += workers {
+				r := &raws[i]
+				v, err := Decode[T](r.key, r.data)
+				if err != nil {
+					continue
+				}
+				out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
+			}
+		})
+	}
+	wg.Wait()
 	n := 0
 	for i := range out {
 		if ok[i] {
@@ -681,21 +673,6 @@ func decodeAll[T any](raws []rawRecord) []Entry[T] {
 	}
 	clear(out[n:])
 	return out[:n]
-}
-
-// onEveryCore calls fn for 0 to n-1, spread over the cores (on one when n
-// is small).
-func onEveryCore(n int, fn func(i int)) {
-	workers := min(runtime.GOMAXPROCS(0), max(1, n/1000))
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < n; i += workers {
-				fn(i)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // Modify changes a record like Store.Modify, but starts from the cached

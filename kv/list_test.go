@@ -105,9 +105,9 @@ func TestStoreList(t *testing.T) {
 }
 
 // A cache started on a bucket that holds records holds the same records
-// List reads (for a store that pulls, and for a bare bucket's), the one
-// that does not decode among its bad records; then its watch goes on.
-func TestCacheLoadsTheBucket(t *testing.T) {
+// List (which pulls) reads, the one that does not decode among its bad
+// records; then its watch goes on.
+func TestCacheHoldsWhatListReads(t *testing.T) {
 	t.Parallel()
 	b, js := bucketsJS(t)
 	// Everything here waits on the server or the cache's watch: a
@@ -137,56 +137,37 @@ func TestCacheLoadsTheBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for _, tc := range []struct {
-		name  string
-		store *kv.Store[kv.Node]
-	}{
-		{"pulled", b.Nodes},
-		{"watched", kv.NewStore[kv.Node](bare)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := kv.NewCache(tc.store, log)
-			defer c.Start()()
-			if err := c.WaitSynced(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if c.Len() != len(want) {
-				t.Errorf("cache holds %d records, want %d", c.Len(), len(want))
-			}
-			for _, w := range want {
-				if e, ok := c.Get(w.Key); !ok || e.Revision != w.Revision || e.Value.State != w.Value.State {
-					t.Fatalf("cache holds %s as %+v (%v), want revision %d", w.Key, e, ok, w.Revision)
-				}
-			}
-			if bad := c.BadRecords(); len(bad) != 1 || bad[0].Key != "not-json" {
-				t.Errorf("bad records %v, want not-json", bad)
-			}
-			// Deleted and changed after the load: the watch brings both.
-			if err := b.Nodes.Delete(ctx, "n00000", 0); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.Nodes.Modify(ctx, "n00002", func(n *kv.Node) error { n.State = kv.NodeReady; return nil }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if c.Has("n00000") {
-				t.Error("n00000 deleted after the load is still in the cache")
-			}
-			if e, _ := c.Get("n00002"); e.Value.State != kv.NodeReady {
-				t.Errorf("n00002 changed after the load is %s in the cache, want ready", e.Value.State)
-			}
-			// Put back for the next case.
-			if _, err := b.Nodes.Create(ctx, "n00000", &kv.Node{ID: "n00000", State: kv.NodeBuilding}); err != nil {
-				t.Fatal(err)
-			}
-			want, err = b.Nodes.List(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-		})
+	c := kv.NewCache(b.Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer c.Start()()
+	if err := c.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Len() != len(want) {
+		t.Errorf("cache holds %d records, want %d", c.Len(), len(want))
+	}
+	for _, w := range want {
+		if e, ok := c.Get(w.Key); !ok || e.Revision != w.Revision || e.Value.State != w.Value.State {
+			t.Fatalf("cache holds %s as %+v (%v), want revision %d", w.Key, e, ok, w.Revision)
+		}
+	}
+	if bad := c.BadRecords(); len(bad) != 1 || bad[0].Key != "not-json" {
+		t.Errorf("bad records %v, want not-json", bad)
+	}
+	// Deleted and changed after the start: the watch brings both.
+	if err := b.Nodes.Delete(ctx, "n00000", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Nodes.Modify(ctx, "n00002", func(n *kv.Node) error { n.State = kv.NodeReady; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Has("n00000") {
+		t.Error("n00000 deleted after the start is still in the cache")
+	}
+	if e, _ := c.Get("n00002"); e.Value.State != kv.NodeReady {
+		t.Errorf("n00002 changed after the start is %s in the cache, want ready", e.Value.State)
 	}
 }
 
