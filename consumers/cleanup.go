@@ -619,20 +619,21 @@ func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, prov
 	}
 	c.deadNodes(ctx, provider, drv, insts, listed) // deadnodes.go
 	seen := map[string]bool{}
-	for _, inst := range insts {
-		if inst.Tags[drivers.TagProvider] != provider {
+	// By index: a copy of each instance taken in the loop would be one
+	// allocation per instance of the cloud (the closure below keeps it),
+	// at every sweep.
+	for i := range insts {
+		inst := &insts[i]
+		if inst.Tags[drivers.TagProvider] != provider || !c.leaked(inst) {
 			continue
 		}
 		key := provider + "/" + inst.ExternalID
-		if !c.leaked(&inst) {
-			continue
-		}
 		seen[key] = true
 		suspects[key]++
 		if suspects[key] < 2 {
 			continue
 		}
-		if !c.confirmLeaked(ctx, &inst) {
+		if !c.confirmLeaked(ctx, inst) {
 			delete(suspects, key)
 			continue
 		}
@@ -640,6 +641,7 @@ func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, prov
 			continue
 		}
 		l.log.Info("deleting leaked instance", "provider", provider, "external_id", inst.ExternalID, "node", inst.NodeID())
+		externalID := inst.ExternalID
 		wg.Go(func() {
 			defer c.deleting.Delete(key)
 			done, ok := drivers.Use(drv)
@@ -647,7 +649,7 @@ func (c *cleanup) leaks(ctx, deleteCtx context.Context, wg *sync.WaitGroup, prov
 				return // replaced by a reload meanwhile; the next sweep sees it again
 			}
 			defer done()
-			if l.lifecycle.deleteInstance(deleteCtx, drv, inst.ExternalID, nil) {
+			if l.lifecycle.deleteInstance(deleteCtx, drv, externalID, nil) {
 				l.metrics.LeakedDeleted(provider, "instances", 1)
 			}
 		})
