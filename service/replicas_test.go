@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/nodepool-nats/nodepool/builder"
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
@@ -57,8 +59,18 @@ providers:
 		"KV_fakecloud-p": true, "KV_fakecloud-p-api": true, "KV_fakeimages-p": true,
 		"OBJ_" + builder.FilesBucket: true,
 	}
-	streams := js.ListStreams(t.Context())
-	for info := range streams.Info() {
+	var infos []*jetstream.StreamInfo
+	waitfor.UntilErr(t, 60*time.Second, "the list of streams", func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		infos = infos[:0]
+		streams := js.ListStreams(ctx)
+		for info := range streams.Info() {
+			infos = append(infos, info)
+		}
+		return streams.Err() == nil, streams.Err()
+	}, waitfor.Every(100*time.Millisecond))
+	for _, info := range infos {
 		name := info.Config.Name
 		delete(want, name)
 		if info.Config.Replicas != 3 {
@@ -67,23 +79,43 @@ providers:
 		if info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
 			t.Errorf("stream %s is not placed on three servers: %+v", name, info.Cluster)
 		}
-		s, err := js.Stream(t.Context(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for ci := range s.ListConsumers(t.Context()).Info() {
-			if ci.Config.Durable == "" {
-				continue
-			}
+		for _, ci := range durableConsumers(t, js, name) {
 			if ci.Cluster == nil || len(ci.Cluster.Replicas) != 2 {
 				t.Errorf("consumer %s of %s is not on three servers: %+v", ci.Name, name, ci.Cluster)
 			}
 		}
 	}
-	if err := streams.Err(); err != nil {
-		t.Fatal(err)
-	}
 	for name := range want {
 		t.Errorf("stream %s is missing", name)
 	}
+}
+
+// durableConsumers lists the durable consumers of a stream. The stream's
+// leader answers, and a stream made a moment ago on a busy machine may be
+// electing one for longer than a request waits (loaded run 4 at 9d544cf:
+// "context deadline exceeded"): each try has its own deadline, and the
+// listing is asked again until one is answered whole.
+func durableConsumers(t *testing.T, js jetstream.JetStream, stream string) []*jetstream.ConsumerInfo {
+	t.Helper()
+	var out []*jetstream.ConsumerInfo
+	waitfor.UntilErr(t, 60*time.Second, "the consumers of "+stream, func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return false, err
+		}
+		out = out[:0]
+		list := s.ListConsumers(ctx)
+		for ci := range list.Info() {
+			if ci.Config.Durable != "" {
+				out = append(out, ci)
+			}
+		}
+		if err := list.Err(); err != nil {
+			return false, err
+		}
+		return true, nil
+	}, waitfor.Every(100*time.Millisecond))
+	return out
 }
