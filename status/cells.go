@@ -15,7 +15,8 @@ func Age(t, now time.Time) string {
 		return ""
 	}
 	s := int64(max(now.Sub(t), 0) / time.Second)
-	b := make([]byte, 0, 12)
+	var buf [16]byte
+	b := buf[:0]
 	for i, v := range [4]int64{s / 86400, s / 3600 % 24, s / 60 % 60, s % 60} {
 		if i > 0 {
 			b = append(b, ':')
@@ -28,7 +29,7 @@ func Age(t, now time.Time) string {
 	return string(b)
 }
 
-func text(s string) Cell { return Cell{JSON: s, Text: s} }
+func text(s string) Cell { return Cell{Text: s, textJSON: true} }
 
 func list(ss []string) Cell {
 	if ss == nil {
@@ -65,8 +66,7 @@ func timeOf(t *time.Time) Cell {
 	if t == nil || t.IsZero() {
 		return Cell{JSON: nil, Text: ""}
 	}
-	s := t.UTC().Format(time.RFC3339)
-	return Cell{JSON: s, Text: s}
+	return text(t.UTC().Format(time.RFC3339))
 }
 
 func raw(data json.RawMessage) Cell {

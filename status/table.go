@@ -28,6 +28,18 @@ type Column struct {
 type Cell struct {
 	JSON any
 	Text string
+	// textJSON says JSON is Text: a string cell, made without putting
+	// the string in an interface (an allocation for each cell of the
+	// table shown, 1.2 million for 100,000 nodes).
+	textJSON bool
+}
+
+// json is what the JSON output holds.
+func (c Cell) json() any {
+	if c.textJSON {
+		return c.Text
+	}
+	return c.JSON
 }
 
 // Table is a list of records as columns and rows.
@@ -121,11 +133,19 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 			widths[j] = max(widths[j], utf8.RuneCountInString(s))
 		}
 	}
+	// Each line is as long as the rule (in runes), so the table's size is
+	// known: one buffer, and padding written from a run of spaces
+	// instead of a string made for each cell.
 	var b bytes.Buffer
+	lineLen := 2
+	for _, wd := range widths {
+		lineLen += wd + 3
+	}
+	b.Grow((n + 4) * (lineLen + 8))
 	rule := func() {
 		b.WriteByte('+')
 		for _, wd := range widths {
-			b.WriteString(strings.Repeat("-", wd+2))
+			pad(&b, '-', wd+2)
 			b.WriteByte('+')
 		}
 		b.WriteByte('\n')
@@ -136,7 +156,7 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 			s := cell(j)
 			b.WriteByte(' ')
 			b.WriteString(s)
-			b.WriteString(strings.Repeat(" ", widths[j]-utf8.RuneCountInString(s)+1))
+			pad(&b, ' ', widths[j]-utf8.RuneCountInString(s)+1)
 			b.WriteByte('|')
 		}
 		b.WriteByte('\n')
@@ -150,6 +170,20 @@ func (t *Table) WriteText(w io.Writer, fields []string) error {
 	rule()
 	_, err = w.Write(b.Bytes())
 	return err
+}
+
+// pad writes n times c (a space or a dash).
+func pad(b *bytes.Buffer, c byte, n int) {
+	const spaces, dashes = "                                                                ", "----------------------------------------------------------------"
+	run := spaces
+	if c == '-' {
+		run = dashes
+	}
+	for n > 0 {
+		k := min(n, len(run))
+		b.WriteString(run[:k])
+		n -= k
+	}
 }
 
 // WriteJSON prints the rows as a JSON array of objects, each holding the
@@ -171,7 +205,7 @@ func (t *Table) WriteJSON(w io.Writer, fields []string) error {
 				b.WriteByte(',')
 			}
 			k, _ := json.Marshal(t.Columns[i].Key)
-			v, err := json.Marshal(t.cell(r, i).JSON)
+			v, err := json.Marshal(t.cell(r, i).json())
 			if err != nil {
 				return fmt.Errorf("field %s: %w", t.Columns[i].Key, err)
 			}

@@ -67,6 +67,20 @@ func TestWriteText(t *testing.T) {
 	if !strings.HasPrefix(strings.Split(b.String(), "\n")[1], "| Count | ID |") {
 		t.Errorf("fields in the order given:\n%s", b.String())
 	}
+	// Cells wider than one run of padding, and padding wider than one.
+	long := strings.Repeat("x", 150)
+	wide := &status.Table{Columns: []status.Column{{Key: "a", Header: "A"}, {Key: "b", Header: "B"}},
+		Rows: [][]status.Cell{{{Text: long}, {Text: "é"}}, {{Text: "y"}, {Text: ""}}}}
+	b.Reset()
+	if err := wide.WriteText(&b, nil); err != nil {
+		t.Fatal(err)
+	}
+	rule := "+" + strings.Repeat("-", 152) + "+---+\n"
+	want = rule + "| A" + strings.Repeat(" ", 150) + "| B |\n" + rule +
+		"| " + long + " | é |\n" + "| y" + strings.Repeat(" ", 150) + "|   |\n" + rule
+	if b.String() != want {
+		t.Errorf("wide table: got\n%s\nwant\n%s", b.String(), want)
+	}
 	b.Reset()
 	empty := &status.Table{Columns: []status.Column{{Key: "label", Header: "Label"}}}
 	if err := empty.WriteText(&b, nil); err != nil || b.String() != "+-------+\n| Label |\n+-------+\n+-------+\n" {
