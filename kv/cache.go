@@ -506,31 +506,46 @@ func (s *Subscription[T]) Drain() []Change[T] {
 // and decoded one at a time, read 100,000 records in about 3 s); without,
 // it watches.
 func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
+	return list(ctx, s, listBatch, func(r *rawRecord, v T) Entry[T] { return Entry[T]{Key: r.key, Value: v, Revision: r.rev} })
+}
+
+// Values lists the records as List does, without their keys and
+// revisions: what a table of them needs, in one copy less.
+func (s *Store[T]) Values(ctx context.Context) ([]T, error) {
+	return list(ctx, s, listBatch, func(_ *rawRecord, v T) T { return v })
+}
+
+// list reads every record of a store, each made into an E, pulling
+// batches of batchSize.
+func list[T, E any](ctx context.Context, s *Store[T], batchSize int, as func(*rawRecord, T) E) ([]E, error) {
 	if s.js == nil {
 		raws, err := s.watchList(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return decodeAll[T](raws), nil
+		return decodeAll(raws, as), nil
 	}
 	var (
-		parts []*[]Entry[T]
+		parts []*[]E
 		wg    sync.WaitGroup
 	)
-	err := s.pullLast(ctx, listBatch, func(batch []rawRecord) {
-		part := new([]Entry[T])
+	err := s.pullLast(ctx, batchSize, func(batch []rawRecord) {
+		part := new([]E)
 		parts = append(parts, part)
-		wg.Go(func() { *part = decodeAll[T](batch) })
+		wg.Go(func() { *part = decodeAll(batch, as) })
 	})
 	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
+	if len(parts) == 1 {
+		return *parts[0], nil
+	}
 	n := 0
 	for _, p := range parts {
 		n += len(*p)
 	}
-	out := make([]Entry[T], 0, n)
+	out := make([]E, 0, n)
 	for _, p := range parts {
 		out = append(out, *p...)
 	}
@@ -644,10 +659,11 @@ func (s *Store[T]) watchList(ctx context.Context) ([]rawRecord, error) {
 	}
 }
 
-// decodeAll decodes records on every core, in their order; a record that
-// does not decode is left out (the watches report those).
-func decodeAll[T any](raws []rawRecord) []Entry[T] {
-	out := make([]Entry[T], len(raws))
+// decodeAll decodes records on every core, in their order, each made
+// into an E; a record that does not decode is left out (the watches
+// report those).
+func decodeAll[T, E any](raws []rawRecord, as func(*rawRecord, T) E) []E {
+	out := make([]E, len(raws))
 	ok := make([]bool, len(raws))
 	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/1000))
 	var wg sync.WaitGroup
@@ -659,7 +675,7 @@ func decodeAll[T any](raws []rawRecord) []Entry[T] {
 				if err != nil {
 					continue
 				}
-				out[i], ok[i] = Entry[T]{Key: r.key, Value: v, Revision: r.rev}, true
+				out[i], ok[i] = as(r, v), true
 			}
 		})
 	}

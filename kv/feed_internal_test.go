@@ -91,4 +91,32 @@ func TestPullLastBatches(t *testing.T) {
 	if slices.Max(sizes) > 7 || len(sizes) != 4 {
 		t.Errorf("batches of %v for 25 keys, 2 of them deleted; want 4 of at most 7", sizes)
 	}
+
+	// list puts the decoded batches together in the stream's order, as
+	// entries (List) or values (Values).
+	store := newStore[int](js, b)
+	es, err := list(ctx, store, 7, func(r *rawRecord, v int) Entry[int] { return Entry[int]{Key: r.key, Value: v, Revision: r.rev} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := list(ctx, store, 7, func(_ *rawRecord, v int) int { return v })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != len(want) || len(vals) != len(es) {
+		t.Fatalf("listed %d entries and %d values, want %d", len(es), len(vals), len(want))
+	}
+	for i, e := range es {
+		var k int
+		if _, err := fmt.Sscanf(e.Key, "k%02d", &k); err != nil {
+			t.Fatal(err)
+		}
+		last := k // the last value written to the key
+		if k < 15 {
+			last = k + 25
+		}
+		if e.Value != last || vals[i] != last || (i > 0 && e.Revision <= es[i-1].Revision) {
+			t.Errorf("entry %d: %s=%d (value %d) at %d; want %d, after %d", i, e.Key, e.Value, vals[i], e.Revision, last, es[max(i-1, 0)].Revision)
+		}
+	}
 }

@@ -175,30 +175,19 @@ type Buckets struct {
 	Buckets *kv.Buckets
 }
 
-func entries[T any](es []kv.Entry[T], err error) ([]T, error) {
-	if err != nil {
-		return nil, err
-	}
-	out := make([]T, len(es))
-	for i, e := range es {
-		out[i] = e.Value
-	}
-	return out, nil
-}
-
 // Nodes lists the node records.
 func (b Buckets) Nodes(ctx context.Context) ([]kv.Node, error) {
-	return entries(b.Buckets.Nodes.List(ctx))
+	return b.Buckets.Nodes.Values(ctx)
 }
 
 // Requests lists the request records.
 func (b Buckets) Requests(ctx context.Context) ([]kv.Request, error) {
-	return entries(b.Buckets.Requests.List(ctx))
+	return b.Buckets.Requests.Values(ctx)
 }
 
 // Components lists the live components.
 func (b Buckets) Components(ctx context.Context) ([]kv.Component, error) {
-	return entries(b.Buckets.Components.List(ctx))
+	return b.Buckets.Components.Values(ctx)
 }
 
 // DiskImages lists the image records.
@@ -219,12 +208,12 @@ func (b Buckets) DiskImages(ctx context.Context) ([]kv.DiskImage, error) {
 
 // Builds lists the build records.
 func (b Buckets) Builds(ctx context.Context) ([]kv.ImageBuild, error) {
-	return entries(kv.NewImageStores(b.Buckets.Images).Builds.List(ctx))
+	return kv.NewImageStores(b.Buckets.Images).Builds.Values(ctx)
 }
 
 // Uploads lists the upload records.
 func (b Buckets) Uploads(ctx context.Context) ([]kv.ImageUpload, error) {
-	return entries(kv.NewImageStores(b.Buckets.Images).Uploads.List(ctx))
+	return kv.NewImageStores(b.Buckets.Images).Uploads.Values(ctx)
 }
 
 // BuildRequests counts the waiting build triggers.
