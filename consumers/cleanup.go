@@ -274,9 +274,18 @@ func (c *cleanup) revisit(ctx context.Context) {
 	}
 	due = c.notQueued(ctx, due)
 	for _, e := range due {
-		l.log.Info("node needs work nobody took up; writing it again", "node", e.Key, "state", e.Value.State, "launcher", e.Value.Launcher)
+		// Said once written: a node whose work was taken up since the
+		// sweep looked (a launch that was waiting for a slot claimed
+		// meanwhile) has moved on, and the revision-checked write is
+		// refused.
 		n := e.Value
-		if _, err := l.nodes.Update(ctx, e.Key, &n, e.Revision); err != nil && !errors.Is(err, kv.ErrConflict) && ctx.Err() == nil {
+		_, err := l.nodes.Update(ctx, e.Key, &n, e.Revision)
+		switch {
+		case err == nil:
+			l.log.Info("node needs work nobody took up; wrote it again", "node", e.Key, "state", e.Value.State, "launcher", e.Value.Launcher)
+		case errors.Is(err, kv.ErrConflict):
+			l.log.Debug("node due a revisit changed meanwhile; left alone", "node", e.Key)
+		case ctx.Err() == nil:
 			l.log.Warn("could not write node again", "node", e.Key, "err", err)
 		}
 	}
