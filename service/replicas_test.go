@@ -60,16 +60,14 @@ providers:
 		"OBJ_" + builder.FilesBucket: true,
 	}
 	var infos []*jetstream.StreamInfo
-	waitfor.UntilErr(t, 60*time.Second, "the list of streams", func(ctx context.Context) (bool, error) {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+	askAgain(t, "the list of streams", func(ctx context.Context) error {
 		infos = infos[:0]
 		streams := js.ListStreams(ctx)
 		for info := range streams.Info() {
 			infos = append(infos, info)
 		}
-		return streams.Err() == nil, streams.Err()
-	}, waitfor.Every(100*time.Millisecond))
+		return streams.Err()
+	})
 	for _, info := range infos {
 		name := info.Config.Name
 		delete(want, name)
@@ -90,20 +88,30 @@ providers:
 	}
 }
 
-// durableConsumers lists the durable consumers of a stream. The stream's
-// leader answers, and a stream made a moment ago on a busy machine may be
-// electing one for longer than a request waits (loaded run 4 at 9d544cf:
-// "context deadline exceeded"): each try has its own deadline, and the
-// listing is asked again until one is answered whole.
+// askAgain calls ask, 5 s a try, until it answers without an error (for
+// up to 60 s). A stream made a moment ago on a busy machine may be
+// electing its leader for longer than a request waits (loaded run 4 at
+// 9d544cf: "context deadline exceeded"), and a listing is only checked
+// once it is answered whole.
+func askAgain(t *testing.T, what string, ask func(ctx context.Context) error) {
+	t.Helper()
+	waitfor.UntilErr(t, 60*time.Second, what, func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := ask(ctx)
+		return err == nil, err
+	}, waitfor.Every(100*time.Millisecond))
+}
+
+// durableConsumers lists the durable consumers of a stream (its leader
+// answers).
 func durableConsumers(t *testing.T, js jetstream.JetStream, stream string) []*jetstream.ConsumerInfo {
 	t.Helper()
 	var out []*jetstream.ConsumerInfo
-	waitfor.UntilErr(t, 60*time.Second, "the consumers of "+stream, func(ctx context.Context) (bool, error) {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+	askAgain(t, "the consumers of "+stream, func(ctx context.Context) error {
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
-			return false, err
+			return err
 		}
 		out = out[:0]
 		list := s.ListConsumers(ctx)
@@ -112,10 +120,7 @@ func durableConsumers(t *testing.T, js jetstream.JetStream, stream string) []*je
 				out = append(out, ci)
 			}
 		}
-		if err := list.Err(); err != nil {
-			return false, err
-		}
-		return true, nil
-	}, waitfor.Every(100*time.Millisecond))
+		return list.Err()
+	})
 	return out
 }
