@@ -112,6 +112,7 @@ func TestCacheFollowsLeaderLoss(t *testing.T) {
 				views := kv.NewViews(&kv.Buckets{Nodes: kv.NewStore[kv.Node](b)}, quietLog())
 				cache = views.Nodes(nil, nil)
 				keeper := repair.New(js, 0, quietLog())
+				keeper.Keep("KV_watched", "bucket watched", false, func(context.Context, uint64) error { return nil })
 				keeper.OnList(views.Listing().Listed)
 				kctx, stop := context.WithCancel(ctx)
 				done := make(chan struct{})

@@ -11,13 +11,14 @@ import (
 // staleness probes to read it: a few of the keeper's looks (one a second).
 const listingFresh = 3 * staleCheck
 
-// Listing is what the latest listing of a process's streams found of
-// each: its last sequence and when it was made. A process lists its
-// streams every second already, to make a deleted one again
+// Listing is what the latest look at a process's streams found of each:
+// its last sequence and when it was made. A process reads its streams'
+// infos every second already, to make a deleted one again
 // (internal/repair); the watches of its views take their staleness probes
-// from that one listing instead of each asking its stream: one call a
-// second for the process, not one per bucket. A nil *Listing, or one not
-// filled lately, has each watch ask its stream.
+// from that look instead of each asking its stream again: one info a
+// second per stream for the process, however many caches watch it. A nil
+// *Listing, or one not filled lately, or without the stream, has each
+// watch ask its stream.
 type Listing struct {
 	mu     sync.RWMutex
 	at     time.Time

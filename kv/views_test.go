@@ -4,11 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
@@ -73,47 +75,70 @@ func TestViewsShareOneCache(t *testing.T) {
 }
 
 // TestIdleViewsAskNoStream: the caches of a process's views take their
-// staleness probes from the one listing of the streams the process's
-// keeper makes each second: idle, they ask no stream for its info (one
-// STREAM.INFO a second per bucket before). A cache of no views asks its
-// stream, as a check that the count sees those calls.
+// staleness probes from the infos of the streams the process's keeper
+// reads each second: idle, they ask no stream for its info themselves
+// (one STREAM.INFO a second per bucket before). The keeper asks with a
+// connection of its own inbox prefix, so the count tells its requests
+// from the caches'. Nothing lists the streams (STREAM.LIST has a
+// cluster's meta leader ask every stream of the account). A cache of no
+// views asks its stream, as a check that the count sees those calls.
 func TestIdleViewsAskNoStream(t *testing.T) {
 	t.Parallel()
 	b, js := bucketsJS(t)
 	ctx := t.Context()
 	log := quietLog()
 	nc := js.Conn()
-	count := func(subject string) (*atomic.Int64, func()) {
-		var n atomic.Int64
-		sub, err := nc.Subscribe(subject, func(*nats.Msg) { n.Add(1) })
+	const keeperInbox = "_KEEPER"
+	kc, err := nats.Connect(nc.ConnectedUrl(), nats.CustomInboxPrefix(keeperInbox))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	kjs, err := jetstream.New(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// count counts the requests on subject, the keeper's apart.
+	count := func(subject string) (others, keeper *atomic.Int64, stop func()) {
+		others, keeper = &atomic.Int64{}, &atomic.Int64{}
+		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+			if strings.HasPrefix(m.Reply, keeperInbox+".") {
+				keeper.Add(1)
+			} else {
+				others.Add(1)
+			}
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		return &n, func() { _ = sub.Unsubscribe() }
+		return others, keeper, func() { _ = sub.Unsubscribe() }
 	}
-	observe := func(start func() func()) (infos, lists int64) {
+	observe := func(start func() func()) (infos, keeperInfos, lists int64) {
 		stopCache := start()
 		defer stopCache()
-		info, stopInfo := count("$JS.API.STREAM.INFO.>")
+		info, keeperInfo, stopInfo := count("$JS.API.STREAM.INFO.>")
 		defer stopInfo()
-		list, stopList := count("$JS.API.STREAM.LIST")
+		list, keeperList, stopList := count("$JS.API.STREAM.LIST")
 		defer stopList()
 		// Idle for a few probe intervals: there is no state to wait for.
 		time.Sleep(3 * time.Second)
-		return info.Load(), list.Load()
+		return info.Load(), keeperInfo.Load(), list.Load() + keeperList.Load()
 	}
 
 	views := kv.NewViews(b, log)
-	keeper := repair.New(js, 0, log)
+	keeper := repair.New(kjs, 0, log)
+	for _, bc := range kv.BucketConfigs(kv.Options{Replicas: 1, LeaseTTL: time.Second}) {
+		keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, false, func(context.Context, uint64) error { return nil })
+	}
 	keeper.OnList(views.Listing().Listed)
 	kctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); keeper.Run(kctx) }()
 	defer func() { stop(); <-done }()
-	infos, lists := observe(func() func() {
+	infos, keeperInfos, lists := observe(func() func() {
 		stops := []func(){views.Nodes(b, log).Start(), views.Requests(b, log).Start(), views.Components(b, log).Start(), views.Images(b, log).Images.Start()}
 		for _, c := range []interface{ WaitSynced(context.Context) error }{views.Nodes(b, log), views.Requests(b, log), views.Components(b, log), views.Images(b, log).Images} {
 			if err := c.WaitSynced(ctx); err != nil {
@@ -126,12 +151,12 @@ func TestIdleViewsAskNoStream(t *testing.T) {
 			}
 		}
 	})
-	if infos != 0 || lists == 0 {
-		t.Errorf("idle views over 3 s: %d stream info calls, %d listings; want none, and the keeper's listings", infos, lists)
+	if infos != 0 || keeperInfos == 0 || lists != 0 {
+		t.Errorf("idle views over 3 s: %d stream info calls of the caches, %d of the keeper, %d listings; want none, the keeper's, none", infos, keeperInfos, lists)
 	}
 
 	alone := kv.NewCache(b.Nodes, log)
-	infos, _ = observe(func() func() {
+	infos, _, _ = observe(func() func() {
 		s := alone.Start()
 		if err := alone.WaitSynced(ctx); err != nil {
 			t.Fatal(err)

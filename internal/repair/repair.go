@@ -78,8 +78,8 @@ func New(js jetstream.JetStream, every time.Duration, log *slog.Logger) *Keeper 
 // for a bucket, OBJ_<store> for an object store), what names it in the
 // log ("bucket nodepool-nodes"), and make makes it again. The stream
 // exists (its owner made it before asking): from the next look on, a
-// missing one is made again. With track, each look also reads its last
-// sequence, which make gets. Keeping a stream kept already replaces how it
+// missing one is made again. Each look reads its info; with track, make
+// gets the last sequence the latest look found. Keeping a stream kept already replaces how it
 // is made.
 func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.mu.Lock()
@@ -91,9 +91,9 @@ func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.kept[stream] = &kept{spec: spec{what, make, track}}
 }
 
-// OnList has fn get every listing of the streams a look makes, with when
-// it was asked for (the process's caches read their staleness probes from
-// it: kv.Listing). Call it before Run.
+// OnList has fn get the infos of the kept streams each look read, with
+// when it asked (the process's caches read their staleness probes from
+// them: kv.Listing). Call it before Run.
 func (k *Keeper) OnList(fn func(infos []*jetstream.StreamInfo, at time.Time)) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -128,24 +128,14 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-// look lists the streams with their states (one call: their last
-// sequences come with them) and makes again those missing that are due.
+// look reads the info of each stream kept (their last sequences come
+// with them) and makes again those missing that are due.
 func (k *Keeper) look(ctx context.Context) {
-	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
-	defer cancel()
-	last := map[string]uint64{}
 	at := time.Now()
-	lister := k.js.ListStreams(lctx)
-	var infos []*jetstream.StreamInfo
-	for info := range lister.Info() {
+	infos, missing := k.ask(ctx)
+	last := make(map[string]uint64, len(infos))
+	for _, info := range infos {
 		last[info.Config.Name] = info.State.LastSeq
-		infos = append(infos, info)
-	}
-	if err := lister.Err(); err != nil {
-		if ctx.Err() == nil {
-			k.log.Debug("could not list the streams", "err", err)
-		}
-		return
 	}
 	k.mu.Lock()
 	onList := k.onList
@@ -175,8 +165,49 @@ func (k *Keeper) look(ctx context.Context) {
 			kt.seen, kt.due, kt.failures = true, time.Time{}, 0
 			continue
 		}
-		k.repair(ctx, stream, kt, sp)
+		if missing[stream] {
+			k.repair(ctx, stream, kt, sp)
+		}
 	}
+}
+
+// ask reads the info of each stream kept, one request per stream, all at
+// once: each is answered by that stream's leader. (A listing of the
+// streams, STREAM.LIST, has a cluster's meta leader ask every stream of
+// the account, ours or not, for every process every second.) missing has
+// the streams the server said do not exist; a stream whose info could not
+// be read is in neither.
+func (k *Keeper) ask(ctx context.Context) (infos []*jetstream.StreamInfo, missing map[string]bool) {
+	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
+	defer cancel()
+	names := k.Kept()
+	found := make([]*jetstream.StreamInfo, len(names))
+	gone := make([]bool, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			s, err := k.js.Stream(lctx, name)
+			switch {
+			case err == nil:
+				found[i] = s.CachedInfo()
+			case errors.Is(err, jetstream.ErrStreamNotFound):
+				gone[i] = true
+			case ctx.Err() == nil:
+				k.log.Debug("could not read the stream's info", "stream", name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	missing = map[string]bool{}
+	for i, name := range names {
+		if found[i] != nil {
+			infos = append(infos, found[i])
+		}
+		if gone[i] {
+			missing[name] = true
+		}
+	}
+	return infos, missing
 }
 
 // repair makes a missing stream again, once it is due.
