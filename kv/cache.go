@@ -64,10 +64,6 @@ type Cache[T any] struct {
 
 	// runs is the watch the Starts share.
 	runs counted
-
-	// listing, if set, is the process's listing of its streams, which
-	// the watch's staleness probe reads (Views sets it).
-	listing *Listing
 }
 
 // BadRecord is a record that does not decode: its key, revision, stored
@@ -126,7 +122,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		stop()
 		return nil
 	}
-	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}, listing: c.listing}
+	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}}
 	w.run(ctx)
 	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/natstest"
-	"github.com/nodepool-nats/nodepool/internal/repair"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -86,12 +85,8 @@ func TestCacheFollowsLeaderLoss(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		// listing: the cache is a process's view, whose staleness probe
-		// reads the keeper's listing of the streams instead of asking.
-		listing bool
 	}{
 		{name: "own probe"},
-		{name: "process listing", listing: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -108,17 +103,6 @@ func TestCacheFollowsLeaderLoss(t *testing.T) {
 				Sync(context.Context) error
 				Has(string) bool
 			} = kv.NewCache(kv.NewStore[rec](b), quietLog())
-			if tc.listing {
-				views := kv.NewViews(&kv.Buckets{Nodes: kv.NewStore[kv.Node](b)}, quietLog())
-				cache = views.Nodes(nil, nil)
-				keeper := repair.New(js, 0, quietLog())
-				keeper.Keep("KV_watched", "bucket watched", false, func(context.Context, uint64) error { return nil })
-				keeper.OnList(views.Listing().Listed)
-				kctx, stop := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() { defer close(done); keeper.Run(kctx) }()
-				t.Cleanup(func() { stop(); <-done })
-			}
 			t.Cleanup(cache.Start())
 			if err := cache.WaitSynced(ctx); err != nil {
 				t.Fatal(err)

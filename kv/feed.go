@@ -58,9 +58,6 @@ type watchLoop struct {
 	// created is when the bucket's stream the sinks hold the records of
 	// was made.
 	created time.Time
-	// listing, if set, is the process's listing of its streams, which
-	// the staleness probe reads while it is recent.
-	listing *Listing
 }
 
 // run watches the bucket until ctx ends, restarting the watch where it
@@ -172,7 +169,7 @@ func (l *watchLoop) consume(ctx context.Context, w jetstream.KeyWatcher, last, t
 				return last
 			}
 			suspect = 0
-			seq, cr, err := l.probe(ctx)
+			seq, cr, err := streamState(ctx, l.kv)
 			switch {
 			case bucketMissing(err):
 				return last // deleted: run waits for it to be made again
@@ -231,16 +228,6 @@ func (l *watchLoop) covered(ctx context.Context, last, target uint64) uint64 {
 		return last
 	}
 	return target
-}
-
-// probe reads the last sequence of the bucket's stream and when it was
-// made, for the staleness check: from the process's listing of its
-// streams if that is recent, else from the stream.
-func (l *watchLoop) probe(ctx context.Context) (uint64, time.Time, error) {
-	if seq, created, ok := l.listing.state("KV_"+l.kv.Bucket(), time.Now()); ok {
-		return seq, created, nil
-	}
-	return streamState(ctx, l.kv)
 }
 
 // streamState reads the last sequence of a bucket's stream (from the

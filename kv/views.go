@@ -26,21 +26,12 @@ type Views struct {
 	images     *ImageCaches
 	providers  *Cache[ProviderRecord]
 	leases     *LeaseWatch
-
-	// listing is the process's listing of its streams, which the
-	// caches' staleness probes read (Listing).
-	listing *Listing
 }
 
 // NewViews prepares the caches of a process over its buckets.
 func NewViews(b *Buckets, log *slog.Logger) *Views {
-	return &Views{b: b, log: log, listing: NewListing()}
+	return &Views{b: b, log: log}
 }
-
-// Listing is the listing of the process's streams its caches' staleness
-// probes read: whoever lists the streams (the process's repair keeper)
-// fills it.
-func (v *Views) Listing() *Listing { return v.listing }
 
 // view returns the cache *c, made over s first if needed.
 func view[T any](v *Views, c **Cache[T], s *Store[T]) *Cache[T] {
@@ -48,7 +39,6 @@ func view[T any](v *Views, c **Cache[T], s *Store[T]) *Cache[T] {
 	defer v.mu.Unlock()
 	if *c == nil {
 		*c = NewCache(s, v.log)
-		(*c).listing = v.listing
 	}
 	return *c
 }
@@ -90,7 +80,6 @@ func (v *Views) Images(b *Buckets, log *slog.Logger) *ImageCaches {
 	defer v.mu.Unlock()
 	if v.images == nil {
 		v.images = NewImageCaches(v.b.Images, v.log)
-		v.images.Images.feed.loop.listing = v.listing
 	}
 	return v.images
 }

@@ -5,7 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,15 +74,14 @@ func TestViewsShareOneCache(t *testing.T) {
 	}
 }
 
-// TestIdleViewsAskNoStream: the caches of a process's views take their
-// staleness probes from the infos of the streams the process's keeper
-// reads each second: idle, they ask no stream for its info themselves
-// (one STREAM.INFO a second per bucket before). The keeper asks with a
-// connection of its own inbox prefix, so the count tells its requests
-// from the caches'. Nothing lists the streams (STREAM.LIST has a
-// cluster's meta leader ask every stream of the account). A cache of no
-// views asks its stream, as a check that the count sees those calls.
-func TestIdleViewsAskNoStream(t *testing.T) {
+// TestIdleProcessAsksLittle: idle, each bucket a process's views watch
+// gets one staleness probe (STREAM.INFO) a second at most, however many
+// caches read it (the images bucket has three); the repair keeper asks
+// for the streams' names, and reads no untracked stream's info; nothing
+// lists the streams (STREAM.LIST has a cluster's meta leader ask every
+// stream of the account). The keeper asks with a connection of its own
+// inbox prefix, so the count tells its requests from the caches'.
+func TestIdleProcessAsksLittle(t *testing.T) {
 	t.Parallel()
 	b, js := bucketsJS(t)
 	ctx := t.Context()
@@ -98,72 +97,66 @@ func TestIdleViewsAskNoStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// count counts the requests on subject, the keeper's apart.
-	count := func(subject string) (others, keeper *atomic.Int64, stop func()) {
-		others, keeper = &atomic.Int64{}, &atomic.Int64{}
-		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
-			if strings.HasPrefix(m.Reply, keeperInbox+".") {
-				keeper.Add(1)
-			} else {
-				others.Add(1)
-			}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		return others, keeper, func() { _ = sub.Unsubscribe() }
-	}
-	observe := func(start func() func()) (infos, keeperInfos, lists int64) {
-		stopCache := start()
-		defer stopCache()
-		info, keeperInfo, stopInfo := count("$JS.API.STREAM.INFO.>")
-		defer stopInfo()
-		list, keeperList, stopList := count("$JS.API.STREAM.LIST")
-		defer stopList()
-		// Idle for a few probe intervals: there is no state to wait for.
-		time.Sleep(3 * time.Second)
-		return info.Load(), keeperInfo.Load(), list.Load() + keeperList.Load()
-	}
 
 	views := kv.NewViews(b, log)
+	caches := []interface {
+		Start() func()
+		WaitSynced(context.Context) error
+	}{views.Nodes(b, log), views.Requests(b, log), views.Components(b, log), views.Images(b, log).Images, views.Images(b, log).Builds, views.Images(b, log).Uploads}
+	for _, c := range caches {
+		t.Cleanup(c.Start())
+		if err := c.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	keeper := repair.New(kjs, 0, log)
 	for _, bc := range kv.BucketConfigs(kv.Options{Replicas: 1, LeaseTTL: time.Second}) {
 		keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, false, func(context.Context, uint64) error { return nil })
 	}
-	keeper.OnList(views.Listing().Listed)
+
+	var mu sync.Mutex
+	asked := map[string]int{} // subject, with "keeper " before the keeper's
+	sub, err := nc.Subscribe("$JS.API.STREAM.>", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasPrefix(m.Reply, keeperInbox+".") {
+			asked["keeper "+m.Subject]++
+		} else {
+			asked[m.Subject]++
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	kctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); keeper.Run(kctx) }()
-	defer func() { stop(); <-done }()
-	infos, keeperInfos, lists := observe(func() func() {
-		stops := []func(){views.Nodes(b, log).Start(), views.Requests(b, log).Start(), views.Components(b, log).Start(), views.Images(b, log).Images.Start()}
-		for _, c := range []interface{ WaitSynced(context.Context) error }{views.Nodes(b, log), views.Requests(b, log), views.Components(b, log), views.Images(b, log).Images} {
-			if err := c.WaitSynced(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return func() {
-			for _, s := range stops {
-				s()
-			}
-		}
-	})
-	if infos != 0 || keeperInfos == 0 || lists != 0 {
-		t.Errorf("idle views over 3 s: %d stream info calls of the caches, %d of the keeper, %d listings; want none, the keeper's, none", infos, keeperInfos, lists)
-	}
+	// Idle for a few probe intervals: there is no state to wait for.
+	const idle = 3 * time.Second
+	time.Sleep(idle)
+	stop()
+	<-done
+	_ = sub.Unsubscribe()
 
-	alone := kv.NewCache(b.Nodes, log)
-	infos, _, _ = observe(func() func() {
-		s := alone.Start()
-		if err := alone.WaitSynced(ctx); err != nil {
-			t.Fatal(err)
+	mu.Lock()
+	defer mu.Unlock()
+	const most = int(idle/time.Second) + 1
+	for _, bucket := range []string{kv.BucketNodes, kv.BucketRequests, kv.BucketComponents, kv.BucketImages} {
+		n := asked["$JS.API.STREAM.INFO.KV_"+bucket]
+		if n == 0 || n > most {
+			t.Errorf("idle over %v, bucket %s: %d staleness probes; want 1 to %d (one a second)", idle, bucket, n, most)
 		}
-		return s
-	})
-	if infos == 0 {
-		t.Error("a cache of no views asked its stream nothing over 3 s: the count sees no calls")
+	}
+	if asked["keeper $JS.API.STREAM.NAMES"] == 0 {
+		t.Errorf("the keeper did not ask for the streams' names: %v", asked)
+	}
+	for subject, n := range asked {
+		if strings.HasPrefix(subject, "keeper $JS.API.STREAM.INFO.") || strings.HasSuffix(subject, "STREAM.LIST") {
+			t.Errorf("%d requests on %s; want none", n, subject)
+		}
 	}
 }

@@ -202,9 +202,6 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 		}
 	}
 	p.keeper = repair.New(p.js, 0, log)
-	// The keeper's look at the streams each second serves it and the
-	// staleness probes of every cache of the process.
-	p.keeper.OnList(p.views.Listing().Listed)
 	p.keep(cfg)
 	ok = true
 	return p, nil

@@ -38,9 +38,8 @@ type Keeper struct {
 	log   *slog.Logger
 	every time.Duration
 
-	mu     sync.Mutex
-	kept   map[string]*kept
-	onList func([]*jetstream.StreamInfo, time.Time)
+	mu   sync.Mutex
+	kept map[string]*kept
 }
 
 // spec says how a stream is looked after.
@@ -78,8 +77,8 @@ func New(js jetstream.JetStream, every time.Duration, log *slog.Logger) *Keeper 
 // for a bucket, OBJ_<store> for an object store), what names it in the
 // log ("bucket nodepool-nodes"), and make makes it again. The stream
 // exists (its owner made it before asking): from the next look on, a
-// missing one is made again. Each look reads its info; with track, make
-// gets the last sequence the latest look found. Keeping a stream kept already replaces how it
+// missing one is made again. With track, each look also reads its last
+// sequence (one info request), which make gets. Keeping a stream kept already replaces how it
 // is made.
 func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.mu.Lock()
@@ -89,15 +88,6 @@ func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 		return
 	}
 	k.kept[stream] = &kept{spec: spec{what, make, track}}
-}
-
-// OnList has fn get the infos of the kept streams each look read, with
-// when it asked (the process's caches read their staleness probes from
-// them: kv.Listing). Call it before Run.
-func (k *Keeper) OnList(fn func(infos []*jetstream.StreamInfo, at time.Time)) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.onList = fn
 }
 
 // Forget stops looking after a stream.
@@ -128,21 +118,9 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-// look reads the info of each stream kept (their last sequences come
-// with them) and makes again those missing that are due.
+// look asks which streams exist and makes again those kept that are
+// missing, once due; it reads the last sequence of those tracked.
 func (k *Keeper) look(ctx context.Context) {
-	at := time.Now()
-	infos, missing := k.ask(ctx)
-	last := make(map[string]uint64, len(infos))
-	for _, info := range infos {
-		last[info.Config.Name] = info.State.LastSeq
-	}
-	k.mu.Lock()
-	onList := k.onList
-	k.mu.Unlock()
-	if onList != nil {
-		onList(infos, at)
-	}
 	k.mu.Lock()
 	kept := maps.Clone(k.kept)
 	specs := map[string]spec{}
@@ -150,64 +128,88 @@ func (k *Keeper) look(ctx context.Context) {
 		specs[stream] = kt.spec
 	}
 	k.mu.Unlock()
+	exists, err := k.names(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			k.log.Debug("could not list the names of the streams", "err", err)
+		}
+		return
+	}
+	var tracked []string
+	for stream, sp := range specs {
+		if sp.track && exists[stream] {
+			tracked = append(tracked, stream)
+		}
+	}
+	last := k.lastSequences(ctx, tracked)
 	for _, stream := range slices.Sorted(maps.Keys(kept)) {
 		if ctx.Err() != nil {
 			return
 		}
 		kt, sp := kept[stream], specs[stream]
-		if seq, ok := last[stream]; ok {
-			if sp.track {
-				kt.last = seq
-			}
-			if !kt.seen {
-				k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last)
-			}
-			kt.seen, kt.due, kt.failures = true, time.Time{}, 0
+		if !exists[stream] {
+			k.repair(ctx, stream, kt, sp)
 			continue
 		}
-		if missing[stream] {
-			k.repair(ctx, stream, kt, sp)
+		if seq, ok := last[stream]; ok {
+			kt.last = seq
 		}
+		if !kt.seen {
+			k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last)
+		}
+		kt.seen, kt.due, kt.failures = true, time.Time{}, 0
 	}
 }
 
-// ask reads the info of each stream kept, one request per stream, all at
-// once: each is answered by that stream's leader. (A listing of the
-// streams, STREAM.LIST, has a cluster's meta leader ask every stream of
-// the account, ours or not, for every process every second.) missing has
-// the streams the server said do not exist; a stream whose info could not
-// be read is in neither.
-func (k *Keeper) ask(ctx context.Context) (infos []*jetstream.StreamInfo, missing map[string]bool) {
+// names asks for the names of the streams: one request, which a
+// cluster's meta leader answers from what it holds. (A listing of the
+// streams with their states, STREAM.LIST, has the meta leader ask the
+// leader of every stream of the account, ours or not, and in nats-server
+// v2.15 can panic a server shutting down meanwhile.)
+func (k *Keeper) names(ctx context.Context) (map[string]bool, error) {
 	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
 	defer cancel()
-	names := k.Kept()
-	found := make([]*jetstream.StreamInfo, len(names))
-	gone := make([]bool, len(names))
+	lister := k.js.StreamNames(lctx)
+	exists := map[string]bool{}
+	for name := range lister.Name() {
+		exists[name] = true
+	}
+	if err := lister.Err(); err != nil {
+		return nil, err
+	}
+	return exists, nil
+}
+
+// lastSequences reads the last sequence of each stream named, one info
+// request per stream (answered by its leader), all at once. A stream
+// whose info could not be read is left out: its last sequence stays as
+// the previous look found it.
+func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string]uint64 {
+	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
+	defer cancel()
+	seqs := make([]uint64, len(streams))
+	read := make([]bool, len(streams))
 	var wg sync.WaitGroup
-	for i, name := range names {
+	for i, name := range streams {
 		wg.Go(func() {
 			s, err := k.js.Stream(lctx, name)
-			switch {
-			case err == nil:
-				found[i] = s.CachedInfo()
-			case errors.Is(err, jetstream.ErrStreamNotFound):
-				gone[i] = true
-			case ctx.Err() == nil:
-				k.log.Debug("could not read the stream's info", "stream", name, "err", err)
+			if err != nil {
+				if ctx.Err() == nil {
+					k.log.Debug("could not read the stream's last sequence", "stream", name, "err", err)
+				}
+				return
 			}
+			seqs[i], read[i] = s.CachedInfo().State.LastSeq, true
 		})
 	}
 	wg.Wait()
-	missing = map[string]bool{}
-	for i, name := range names {
-		if found[i] != nil {
-			infos = append(infos, found[i])
-		}
-		if gone[i] {
-			missing[name] = true
+	last := make(map[string]uint64, len(streams))
+	for i, name := range streams {
+		if read[i] {
+			last[name] = seqs[i]
 		}
 	}
-	return infos, missing
+	return last
 }
 
 // repair makes a missing stream again, once it is due.
