@@ -78,11 +78,14 @@ func (b *Builder) handleUpload(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if !held {
-		if meta.NumDelivered > 1 {
-			_ = msg.NakWithDelay(b.opts.LeaseTTL)
-			return
-		}
-		drop(slog.LevelDebug, "an upload of this image to this provider is running elsewhere")
+		// Another upload of the image to the provider runs, or its lease
+		// has not ended yet: look again once it may have. The one running
+		// uploads the build that was newest when it started, which need
+		// not be this trigger's; a trigger dropped here would wait for the
+		// scheduler to publish it again, after the stream's duplicate
+		// window (two minutes). Bounded by triggerMaxDeliver.
+		log.Debug("an upload of this image to this provider is running elsewhere; looking again when its lease may have ended", "in", b.opts.LeaseTTL)
+		_ = msg.NakWithDelay(b.opts.LeaseTTL)
 		return
 	}
 	defer func() {
