@@ -78,8 +78,8 @@ func New(js jetstream.JetStream, every time.Duration, log *slog.Logger) *Keeper 
 // log ("bucket nodepool-nodes"), and make makes it again. The stream
 // exists (its owner made it before asking): from the next look on, a
 // missing one is made again. With track, each look also reads its last
-// sequence (one info request), which make gets. Keeping a stream kept already replaces how it
-// is made.
+// sequence (one info request), which make gets. Keeping a stream kept
+// already replaces how it is made.
 func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
