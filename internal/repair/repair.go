@@ -97,13 +97,6 @@ func (k *Keeper) Forget(stream string) {
 	delete(k.kept, stream)
 }
 
-// Kept lists the streams looked after.
-func (k *Keeper) Kept() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return slices.Sorted(maps.Keys(k.kept))
-}
-
 // Run looks every interval until ctx ends.
 func (k *Keeper) Run(ctx context.Context) {
 	t := time.NewTicker(k.every)
