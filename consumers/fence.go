@@ -149,7 +149,10 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 	t := l.clock.NewTicker(l.beatEvery())
 	defer t.Stop()
 	beat := func() {
-		hctx, cancel := context.WithTimeout(ctx, l.beatEvery())
+		// A heartbeat may take until the process would fence itself: one
+		// that lands late still renews the record, and given up at once it
+		// would be sent again behind the same slow writes.
+		hctx, cancel := context.WithTimeout(ctx, max(l.beatEvery(), l.untilFenced()))
 		defer cancel()
 		if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
 			l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))

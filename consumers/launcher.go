@@ -380,10 +380,35 @@ func (l *Launcher) component() *kv.Component {
 	return c
 }
 
-// heartbeat writes the component record (creating it if it expired).
+// heartbeat writes the component record (creating it if it expired). It
+// writes once, at the revision its cache holds (its own last write, or one
+// the watch brought): a read first would be a request to the stream's
+// leader that waits in the server's API queue behind every other, and on a
+// loaded cluster made heartbeats miss their time. Only when that revision
+// is not the record's (the record expired, or another process wrote it)
+// does it read the record and write again.
 func (l *Launcher) heartbeat(ctx context.Context) error {
 	sent := l.elapsed()
 	c := l.component()
+	if cached, ok := l.components.Get(l.opts.ID); ok {
+		// The watch may have brought a heartbeat whose answer came late.
+		l.unanswered.landed(l, cached.Value.Heartbeat)
+		next := *c
+		next.Started = cached.Value.Started
+		if next.Started.IsZero() {
+			next.Started = c.Heartbeat
+		}
+		_, err := l.components.Update(ctx, l.opts.ID, &next, cached.Revision)
+		switch {
+		case err == nil:
+			l.beaten(sent)
+			l.unanswered.clear()
+			return nil
+		case !errors.Is(err, kv.ErrConflict):
+			l.unanswered.add(c.Heartbeat, sent)
+			return err
+		}
+	}
 	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
 		if found {
 			l.unanswered.landed(l, cur.Heartbeat)

@@ -227,8 +227,12 @@ func (l *Lease) Keep(ctx context.Context, lost func(error)) {
 				continue // the last one is still on its way
 			}
 			inFlight = true
+			// A renewal may take until the holder steps down: one answered
+			// late still extends the lease, and given up at once it would
+			// be sent again behind the same slow writes.
+			wait := max(every, until.Sub(l.clock.Now()))
 			go func() {
-				c, cancel := context.WithTimeout(rctx, every)
+				c, cancel := context.WithTimeout(rctx, wait)
 				defer cancel()
 				results <- l.Renew(c)
 			}()
