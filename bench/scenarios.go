@@ -508,9 +508,11 @@ func runScale(ctx context.Context, o Options, n int) ([]Result, error) {
 	listStart := time.Now()
 	cmd := exec.CommandContext(ctx, o.Binary, "list")
 	cmd.Env = append(os.Environ(), "NODEPOOL_NATS_URL="+s.URL)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("nodepool list: %w", err)
+		return nil, fmt.Errorf("nodepool list: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	res.Extra["list_seconds"] = time.Since(listStart).Seconds()
 	res.Extra["list_lines"] = float64(countLines(out))

@@ -101,10 +101,16 @@ func (u *unansweredBeats) landed(l *Launcher, beat time.Time) {
 	}
 }
 
-func (u *unansweredBeats) clear() {
+// answered forgets the heartbeats sent up to an answered one, sent at
+// sent (a later one may still be on its way, or unanswered).
+func (u *unansweredBeats) answered(sent time.Duration) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	clear(u.sent)
+	for k, s := range u.sent {
+		if s <= sent {
+			delete(u.sent, k)
+		}
+	}
 }
 
 // fenced reports whether this process must not drive machines now: its
@@ -144,32 +150,45 @@ func (lc *lifecycle) mayDrive(id string, state kv.NodeState) bool {
 
 // keepHeartbeat renews the heartbeat every quarter of the TTL (and at once
 // when a pool's pause changes); once a renewal succeeds after the process
-// fenced itself, it resumes the nodes that still name this process.
+// fenced itself, it resumes the nodes that still name this process. A
+// heartbeat waits for its answer until the process would fence itself (one
+// that lands late still renews the record), and the next is sent a period
+// later all the same (the answer may have been lost with the connection:
+// the client does not fail a request when it reconnects).
 func (l *Launcher) keepHeartbeat(ctx context.Context) {
 	t := l.clock.NewTicker(l.beatEvery())
 	defer t.Stop()
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	slots := make(chan struct{}, maxBeats)
 	beat := func() {
-		// A heartbeat may take until the process would fence itself: one
-		// that lands late still renews the record, and given up at once it
-		// would be sent again behind the same slow writes.
-		hctx, cancel := context.WithTimeout(ctx, max(l.beatEvery(), l.untilFenced()))
-		defer cancel()
-		if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
-			l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))
+		select {
+		case slots <- struct{}{}:
+		default:
+			return // the last ones are still on their way
 		}
-		// Renewed: this heartbeat, or an earlier one whose answer was late
-		// (unansweredBeats).
-		if !l.fenced() && l.fencedOff.CompareAndSwap(true, false) {
-			l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
-			// The caches may be as old as the moment NATS was lost (a
-			// watch silent meanwhile): nodes another process took over
-			// since must not look like ours.
-			l.lifecycle.wg.Go(func() {
-				if l.syncCaches(ctx) {
-					l.lifecycle.resumeOwn(ctx)
-				}
-			})
-		}
+		timeout := max(l.beatEvery(), l.untilFenced())
+		beats.Go(func() {
+			defer func() { <-slots }()
+			hctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			if err := l.heartbeat(hctx); err != nil && ctx.Err() == nil {
+				l.log.Warn("heartbeat failed", "err", err, "fenced_in", max(0, l.untilFenced()).Round(time.Millisecond))
+			}
+			// Renewed: this heartbeat, or an earlier one whose answer was
+			// late (unansweredBeats).
+			if !l.fenced() && l.fencedOff.CompareAndSwap(true, false) {
+				l.log.Warn("heartbeat renewed again; resuming the nodes that still name this process")
+				// The caches may be as old as the moment NATS was lost (a
+				// watch silent meanwhile): nodes another process took over
+				// since must not look like ours.
+				l.lifecycle.wg.Go(func() {
+					if l.syncCaches(ctx) {
+						l.lifecycle.resumeOwn(ctx)
+					}
+				})
+			}
+		})
 	}
 	for {
 		select {
@@ -182,6 +201,11 @@ func (l *Launcher) keepHeartbeat(ctx context.Context) {
 		}
 	}
 }
+
+// maxBeats is how many heartbeats may be on their way at once: one a
+// period, each waiting at most until the process would fence itself (two
+// thirds of the TTL, less than three periods).
+const maxBeats = 3
 
 // watchFence stops every machine as soon as the process is fenced, and
 // says so once per time.

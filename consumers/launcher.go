@@ -402,7 +402,7 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 		switch {
 		case err == nil:
 			l.beaten(sent)
-			l.unanswered.clear()
+			l.unanswered.answered(sent)
 			return nil
 		case !errors.Is(err, kv.ErrConflict):
 			l.unanswered.add(c.Heartbeat, sent)
@@ -425,7 +425,7 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 		return err
 	}
 	l.beaten(sent)
-	l.unanswered.clear()
+	l.unanswered.answered(sent)
 	l.components.Apply(e)
 	return nil
 }

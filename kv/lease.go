@@ -92,9 +92,10 @@ func (l *Lease) Until() time.Time {
 func (l *Lease) wrote(rev uint64, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.rev = rev
-	if sent.After(l.sent) {
-		l.sent = sent
+	// Two renewals may be on their way at once (Keep): the one sent later
+	// holds the record's revision, whichever answer comes first.
+	if !sent.Before(l.sent) {
+		l.rev, l.sent = rev, sent
 	}
 }
 
@@ -189,19 +190,29 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.store.Delete(ctx, l.key, rev)
 }
 
+// maxRenewals is how many renewals of a lease may be on their way at
+// once. A renewal waits for its answer until the holder would step down:
+// on a loaded cluster an answer later than the renewal's period still
+// extends the lease. But an answer lost with a connection (the client does
+// not fail a request when it reconnects) would hold the next renewal back
+// until it is too late; so a renewal is sent every period beside those on
+// their way. Each waits at most two thirds of the TTL, which is less than
+// three periods: three at once, at most.
+const maxRenewals = 3
+
 // Keep renews a held lease every quarter of the TTL until ctx ends. As
 // soon as the holder may no longer act on the lease it calls lost with the
 // reason, and returns: when a renewal finds the lease taken or gone, or at
 // Until, kept by a timer of its own, while no renewal sent before then has
-// succeeded (however long the one on its way takes).
+// succeeded (however long the ones on their way take).
 func (l *Lease) Keep(ctx context.Context, lost func(error)) {
 	every := l.renewEvery()
 	rctx, stop := context.WithCancel(ctx)
-	results := make(chan error, 1)
-	inFlight := false
+	results := make(chan error, maxRenewals)
+	inFlight := 0
 	defer func() {
 		stop()
-		if inFlight {
+		for ; inFlight > 0; inFlight-- {
 			<-results
 		}
 	}()
@@ -223,13 +234,10 @@ func (l *Lease) Keep(ctx context.Context, lost func(error)) {
 			return
 		case <-renew:
 			renew = l.clock.After(every)
-			if inFlight {
-				continue // the last one is still on its way
+			if inFlight >= maxRenewals {
+				continue // the last ones are still on their way
 			}
-			inFlight = true
-			// A renewal may take until the holder steps down: one answered
-			// late still extends the lease, and given up at once it would
-			// be sent again behind the same slow writes.
+			inFlight++
 			wait := max(every, until.Sub(l.clock.Now()))
 			go func() {
 				c, cancel := context.WithTimeout(rctx, wait)
@@ -237,7 +245,7 @@ func (l *Lease) Keep(ctx context.Context, lost func(error)) {
 				results <- l.Renew(c)
 			}()
 		case err := <-results:
-			inFlight = false
+			inFlight--
 			switch {
 			case err == nil:
 				if u := l.Until(); u.After(until) {
