@@ -156,6 +156,58 @@ func TestLeaseStepsDownTwoThirdsOfTheTTLAfterTheSend(t *testing.T) {
 	}
 }
 
+// A renewal whose answer is lost with the connection (the client does not
+// fail a request when it reconnects: it waits for its deadline) does not
+// hold the next one back: a period later the next is sent beside it, and
+// its answer extends the lease. Time is a clock the test moves.
+func TestLeaseRenewalAnswerLostWithTheConnection(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Minute // renewals every 15 s, acting for 40 s after a send
+	_, proxy, writes := leaseServer(t, ttl)
+	b := connectVia(t, proxy.URL())
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	t0 := clk.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	l := kv.NewLease(b.Locks, "test", "a", ttl, quietLog(), kv.WithClock(clk))
+	if held, err := l.TryAcquire(t.Context()); !held || err != nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
+	}
+	nextWrite(t, writes, "the acquisition", func(kv.LeaseRecord) bool { return true })
+	lost := make(chan error, 1)
+	ctx, stop := context.WithCancel(t.Context())
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		l.Keep(ctx, func(err error) { lost <- err })
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-kept
+	})
+	waitTimer(t, clk, at(15*time.Second), "the first renewal")
+
+	// The renewal of +15s goes into a stalled connection, which is then
+	// cut: neither it nor its answer arrives, and it waits for its answer
+	// until the step-down (+40s).
+	proxy.Stall()
+	clk.Set(at(15 * time.Second))
+	waitTimer(t, clk, at(30*time.Second), "the renewal after the one of +15s")
+	proxy.Cut()
+	proxy.Restore()
+
+	// The renewal of +30s is sent beside it, lands, and its answer moves
+	// the step-down to +70s.
+	clk.Set(at(30 * time.Second))
+	nextWrite(t, writes, "the renewal sent at +30s", func(r kv.LeaseRecord) bool { return r.Renewed.Equal(at(30 * time.Second)) })
+	waitTimer(t, clk, at(70*time.Second), "the step-down after the renewal sent at +30s")
+	clk.Set(at(40 * time.Second))
+	select {
+	case err := <-lost:
+		t.Fatalf("stepped down at +40s although the renewal of +30s succeeded: %v", err)
+	default:
+	}
+}
+
 // actors follows who acts on a lease, and says so when two do at once.
 type actors struct {
 	mu       sync.Mutex
