@@ -11,7 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/clock"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -28,6 +30,13 @@ func waitTimer(t *testing.T, clk *clock.Fake, due time.Time, what string) {
 // connectVia opens the buckets through a connection to url (a proxy).
 func connectVia(t *testing.T, url string) *kv.Buckets {
 	t.Helper()
+	b, _ := connectViaConn(t, url)
+	return b
+}
+
+// connectViaConn is connectVia, with the connection.
+func connectViaConn(t *testing.T, url string) (*kv.Buckets, *nats.Conn) {
+	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +50,7 @@ func connectVia(t *testing.T, url string) *kv.Buckets {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return b, nc
 }
 
 // leaseServer starts a server with the buckets at a lease TTL, a proxy to
@@ -164,11 +173,17 @@ func TestLeaseRenewalAnswerLostWithTheConnection(t *testing.T) {
 	t.Parallel()
 	const ttl = time.Minute // renewals every 15 s, acting for 40 s after a send
 	_, proxy, writes := leaseServer(t, ttl)
-	b := connectVia(t, proxy.URL())
+	b, nc := connectViaConn(t, proxy.URL())
 	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	t0 := clk.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	l := kv.NewLease(b.Locks, "test", "a", ttl, quietLog(), kv.WithClock(clk))
+	log, logs := logtest.New(t)
+	defer func() {
+		if t.Failed() {
+			t.Logf("lease log:\n%s", logs)
+		}
+	}()
+	l := kv.NewLease(b.Locks, "test", "a", ttl, log, kv.WithClock(clk))
 	if held, err := l.TryAcquire(t.Context()); !held || err != nil {
 		t.Fatalf("TryAcquire: %v, %v", held, err)
 	}
@@ -192,8 +207,14 @@ func TestLeaseRenewalAnswerLostWithTheConnection(t *testing.T) {
 	proxy.Stall()
 	clk.Set(at(15 * time.Second))
 	waitTimer(t, clk, at(30*time.Second), "the renewal after the one of +15s")
+	reconnects := nc.Stats().Reconnects
 	proxy.Cut()
 	proxy.Restore()
+	// A connection lost for a moment; the next renewal is due 15 s
+	// later, by when the client is back.
+	waitfor.Until(t, 20*time.Second, "the client connected again", func() bool {
+		return nc.Stats().Reconnects > reconnects && nc.IsConnected()
+	})
 
 	// The renewal of +30s is sent beside it, lands, and its answer moves
 	// the step-down to +70s.
