@@ -3,7 +3,6 @@ package kv
 import (
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -66,14 +65,14 @@ func TestEnsureOpensExistingBucketsWithTwoRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every JetStream API request of the connection, as the server sees it.
-	var mu sync.Mutex
-	asked := map[string]int{}
-	sub, err := nc.Subscribe("$JS.API.>", func(m *nats.Msg) {
-		mu.Lock()
-		defer mu.Unlock()
-		asked[m.Subject]++
-	})
+	// Every JetStream API request of the connection, as the server sees
+	// it. A channel subscription: the client puts each message in the
+	// channel as it reads it, so once a flush returns every request made
+	// before it is there (a callback may not have run yet, and an
+	// unsubscription drops what it had not: one request went uncounted
+	// under load).
+	msgs := make(chan *nats.Msg, 1000)
+	sub, err := nc.ChanSubscribe("$JS.API.>", msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,11 +87,13 @@ func TestEnsureOpensExistingBucketsWithTwoRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = sub.Unsubscribe()
+	asked := map[string]int{}
+	for len(msgs) > 0 {
+		asked[(<-msgs).Subject]++
+	}
 	if b.LeaseTTL != 3*time.Second || b.Providers == nil {
 		t.Errorf("buckets opened with lease TTL %s, providers %v", b.LeaseTTL, b.Providers)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, cfg := range BucketConfigs(opts) {
 		want := 2
 		if cfg.Bucket == BucketNodes {
