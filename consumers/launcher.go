@@ -382,34 +382,18 @@ func (l *Launcher) component() *kv.Component {
 
 // heartbeat writes the component record (creating it if it expired). It
 // writes once, at the revision its cache holds (its own last write, or one
-// the watch brought): a read first would be a request to the stream's
-// leader that waits in the server's API queue behind every other, and on a
-// loaded cluster made heartbeats miss their time. Only when that revision
-// is not the record's (the record expired, or another process wrote it)
-// does it read the record and write again.
+// the watch brought: Cache.Modify): a read first would be a request to the
+// stream's leader that waits in the server's API queue behind every other,
+// and on a loaded cluster made heartbeats miss their time. Only when that
+// revision is not the record's (another process wrote it) does it read the
+// record and write again, and only when the record expired does it make it
+// anew.
 func (l *Launcher) heartbeat(ctx context.Context) error {
 	sent := l.elapsed()
 	c := l.component()
-	if cached, ok := l.components.Get(l.opts.ID); ok {
-		// The watch may have brought a heartbeat whose answer came late.
-		l.unanswered.landed(l, cached.Value.Heartbeat)
-		next := *c
-		next.Started = cached.Value.Started
-		if next.Started.IsZero() {
-			next.Started = c.Heartbeat
-		}
-		_, err := l.components.Update(ctx, l.opts.ID, &next, cached.Revision)
-		switch {
-		case err == nil:
-			l.beaten(sent)
-			l.unanswered.answered(sent)
-			return nil
-		case !errors.Is(err, kv.ErrConflict):
-			l.unanswered.add(c.Heartbeat, sent)
-			return err
-		}
-	}
-	e, err := l.b.Components.Upsert(ctx, l.opts.ID, func(cur *kv.Component, found bool) {
+	// fill makes cur this heartbeat, keeping when the process started; a
+	// heartbeat of its own found there whose answer came late counts.
+	fill := func(cur *kv.Component, found bool) {
 		if found {
 			l.unanswered.landed(l, cur.Heartbeat)
 		}
@@ -419,14 +403,23 @@ func (l *Launcher) heartbeat(ctx context.Context) error {
 		if !found || started.IsZero() {
 			cur.Started = c.Heartbeat
 		}
+	}
+	_, err := l.components.Modify(ctx, l.opts.ID, func(cur *kv.Component) error {
+		fill(cur, true)
+		return nil
 	})
+	if errors.Is(err, kv.ErrNotFound) || errors.Is(err, kv.ErrBadRecord) {
+		var e kv.Entry[kv.Component]
+		if e, err = l.b.Components.Upsert(ctx, l.opts.ID, fill); err == nil {
+			l.components.Apply(e)
+		}
+	}
 	if err != nil {
 		l.unanswered.add(c.Heartbeat, sent)
 		return err
 	}
 	l.beaten(sent)
 	l.unanswered.answered(sent)
-	l.components.Apply(e)
 	return nil
 }
 

@@ -127,10 +127,10 @@ providers:
 
 // A launcher whose heartbeats land but are answered late (a loaded
 // cluster, here through a proxy that delays what the server sends by more
-// than half the heartbeat's period) is alive to every other process, which leave its nodes to it: it
-// must not fence itself for as long as that lasts. A heartbeat waits for
-// its answer until the process would fence itself, and writes once; the
-// launcher goes on launching.
+// than half the heartbeat's period) is alive to every other process,
+// which leave its nodes to it: it must not fence itself for as long as
+// that lasts. A heartbeat waits for its answer until the process would
+// fence itself, and writes once; the launcher goes on launching.
 func TestLateHeartbeatAnswersDoNotFence(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, `
@@ -156,7 +156,7 @@ providers:
 	if !ok {
 		t.Fatal("no heartbeat record of l1")
 	}
-	h.until(20*time.Second, "three heartbeats answered late", func() bool {
+	h.until(20*time.Second, "three heartbeats written through the delay", func() bool {
 		e, ok := h.components.Get("l1")
 		return ok && e.Revision > l1.Revision+2
 	})
