@@ -246,7 +246,7 @@ func unowned(n *kv.Node) bool {
 // new change, which the group takes up like any other.
 func (c *cleanup) revisit(ctx context.Context) {
 	l := c.l
-	var due []kv.Entry[kv.Node]
+	var due []*kv.Entry[kv.Node]
 	seen := map[string]bool{}
 	named := l.namedProviders()
 	l.nodes.Range(func(e *kv.Entry[kv.Node]) bool {
@@ -263,7 +263,7 @@ func (c *cleanup) revisit(ctx context.Context) {
 		s.n++
 		c.unowned[e.Key] = s
 		if s.n >= 2 && l.clock.Since(s.first) >= l.opts.LeaseTTL {
-			due = append(due, *e)
+			due = append(due, e)
 		}
 		return true
 	})
@@ -296,7 +296,7 @@ func (c *cleanup) revisit(ctx context.Context) {
 // a message (with no stream to ask, they wait for a later sweep). A
 // message that waits for nothing is stuck, and taken back (takeBack): the
 // node is asked for again.
-func (c *cleanup) notQueued(ctx context.Context, due []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
+func (c *cleanup) notQueued(ctx context.Context, due []*kv.Entry[kv.Node]) []*kv.Entry[kv.Node] {
 	if len(due) == 0 {
 		return due
 	}
@@ -307,8 +307,8 @@ func (c *cleanup) notQueued(ctx context.Context, due []kv.Entry[kv.Node]) []kv.E
 		}
 		return nil
 	}
-	var waiting []kv.Entry[kv.Node]
-	due = slices.DeleteFunc(due, func(e kv.Entry[kv.Node]) bool {
+	var waiting []*kv.Entry[kv.Node]
+	due = slices.DeleteFunc(due, func(e *kv.Entry[kv.Node]) bool {
 		if queued[events.Work{Kind: workKind(&e.Value), Node: e.Key}] {
 			waiting = append(waiting, e)
 			return true
@@ -351,7 +351,7 @@ const maxTakeBack = 100
 // Removing a message a process handles at that moment is harmless all the
 // same: its claim and the revisit's write are revision-checked, and only
 // one lands.
-func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []kv.Entry[kv.Node] {
+func (c *cleanup) takeBack(ctx context.Context, waiting []*kv.Entry[kv.Node]) []*kv.Entry[kv.Node] {
 	sawNow, before := map[string]bool{}, c.leftBehind
 	defer func() { c.leftBehind = sawNow }()
 	if len(waiting) == 0 {
@@ -365,7 +365,7 @@ func (c *cleanup) takeBack(ctx context.Context, waiting []kv.Entry[kv.Node]) []k
 		return nil
 	}
 	idle := map[string]bool{} // consumer: a pull waits on it, and it is not paused
-	var out []kv.Entry[kv.Node]
+	var out []*kv.Entry[kv.Node]
 	for _, e := range waiting {
 		kind := workKind(&e.Value)
 		consumer := events.DeleteConsumer

@@ -1,8 +1,17 @@
 // Package repair makes again the streams, KV buckets and object stores a
 // process depends on when they are deleted (by an operator, or a user
-// allowed to): it looks for them every second and makes a missing one
-// again with the settings it was made with. The records a deleted bucket
-// held are gone; the point is that the service goes on working.
+// allowed to), with the settings they were made with. The records a
+// deleted bucket held are gone; the point is that the service goes on
+// working.
+//
+// It asks nothing of the servers while nothing happens: the servers
+// announce a deleted stream (an advisory on
+// $JS.EVENT.ADVISORY.STREAM.DELETED.<stream>), and a keeper looks (asks
+// which streams exist) when one of its streams is announced, when the
+// connection comes back (announcements made meanwhile were lost), when it
+// starts and, as a safety net, every few minutes. The last sequence of a
+// tracked stream is followed by a subscription to the stream's messages'
+// headers (an ordered consumer), not read at each look.
 package repair
 
 import (
@@ -12,21 +21,30 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/natsretry"
 	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
-// Every is how often a Keeper looks by default.
-const Every = time.Second
+// Every is how often a Keeper looks by default when no announcement asks
+// it to: a safety net for an announcement lost otherwise than by a lost
+// connection.
+const Every = 5 * time.Minute
 
 // makeTimeout bounds one try to make a stream again (a cluster without a
 // leader is waited out that long, then the next look tries again).
 const makeTimeout = 30 * time.Second
+
+// deletedAdvisory is the subject prefix of the servers' announcements of
+// a deleted stream; the stream's name follows.
+const deletedAdvisory = "$JS.EVENT.ADVISORY.STREAM.DELETED."
 
 // Make makes a missing stream again. last is the stream's last sequence
 // when it was last seen, if Keep was asked to track it (else 0).
@@ -38,8 +56,18 @@ type Keeper struct {
 	log   *slog.Logger
 	every time.Duration
 
-	mu   sync.Mutex
-	kept map[string]*kept
+	// wake asks the goroutine that looks to look now.
+	wake chan struct{}
+	// followers watch the subjects of the tracked streams that exist
+	// (the goroutine that looks owns it).
+	followers map[string]*follower
+	// activity says that a tracked stream was published to: stale (under
+	// mu) says which.
+	activity chan struct{}
+
+	mu    sync.Mutex
+	kept  map[string]*kept
+	stale map[string]bool
 }
 
 // spec says how a stream is looked after.
@@ -50,13 +78,16 @@ type spec struct {
 }
 
 // kept is one stream looked after; its fields other than spec (guarded
-// by Keeper.mu) belong to the goroutine that looks.
+// by Keeper.mu) belong to the goroutine that looks, but last, which its
+// follower raises too.
 type kept struct {
 	spec spec
 
+	// last is the highest sequence seen of a tracked stream (by a look
+	// or by its follower).
+	last atomic.Uint64
 	// seen: a look found the stream (said once, in the debug log).
 	seen bool
-	last uint64
 	// due is when the missing stream is made again (zero: not missing);
 	// repeats paces a stream that keeps going missing, failures the
 	// tries that failed.
@@ -65,21 +96,22 @@ type kept struct {
 	failures int
 }
 
-// New makes a keeper that looks every interval (0: Every).
+// New makes a keeper that looks at least every interval (0: Every).
 func New(js jetstream.JetStream, every time.Duration, log *slog.Logger) *Keeper {
 	if every <= 0 {
 		every = Every
 	}
-	return &Keeper{js: js, log: log, every: every, kept: map[string]*kept{}}
+	return &Keeper{js: js, log: log, every: every, kept: map[string]*kept{}, wake: make(chan struct{}, 1),
+		followers: map[string]*follower{}, activity: make(chan struct{}, 1), stale: map[string]bool{}}
 }
 
 // Keep looks after a stream from now on: stream is its name (KV_<bucket>
 // for a bucket, OBJ_<store> for an object store), what names it in the
 // log ("bucket nodepool-nodes"), and make makes it again. The stream
 // exists (its owner made it before asking): from the next look on, a
-// missing one is made again. With track, each look also reads its last
-// sequence (one info request), which make gets. Keeping a stream kept
-// already replaces how it is made.
+// missing one is made again. With track, the keeper follows its last
+// sequence, which make gets. Keeping a stream kept already replaces how
+// it is made.
 func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -88,6 +120,7 @@ func (k *Keeper) Keep(stream, what string, track bool, make Make) {
 		return
 	}
 	k.kept[stream] = &kept{spec: spec{what, make, track}}
+	k.poke()
 }
 
 // Forget stops looking after a stream.
@@ -95,25 +128,111 @@ func (k *Keeper) Forget(stream string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.kept, stream)
+	k.poke()
 }
 
-// Run looks every interval until ctx ends.
+// poke asks for a look soon.
+func (k *Keeper) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run looks after the streams until ctx ends.
 func (k *Keeper) Run(ctx context.Context) {
-	t := time.NewTicker(k.every)
+	nc := k.js.Conn()
+	// Announcements of deleted streams: a kept one asks for a look.
+	sub, err := nc.Subscribe(deletedAdvisory+">", func(m *nats.Msg) {
+		stream := strings.TrimPrefix(m.Subject, deletedAdvisory)
+		k.mu.Lock()
+		_, ok := k.kept[stream]
+		k.mu.Unlock()
+		if ok {
+			k.log.Debug("a stream looked after was deleted", "stream", stream)
+			k.poke()
+		}
+	})
+	if err != nil {
+		// Looked at every interval only, then.
+		k.log.Warn("could not subscribe to the announcements of deleted streams; a deleted stream is made again at the next periodic look", "err", err)
+	} else {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	// Announcements made while disconnected are lost: look on reconnect.
+	status := nc.StatusChanged(nats.CONNECTED)
+	defer nc.RemoveStatusListener(status)
+	defer k.stopFollowers()
+
+	// The first look answers the Keeps made before Run.
+	select {
+	case <-k.wake:
+	default:
+	}
+	t := time.NewTimer(k.look(ctx))
 	defer t.Stop()
+	// A stream published to is read again within a second of the last
+	// read, so that a busy stream costs one read a second.
+	var refresh <-chan time.Time
+	var lastRead time.Time
 	for {
-		k.look(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-k.wake:
+		case <-status:
+			// Publications missed while disconnected: read every tracked
+			// stream again.
+			k.mu.Lock()
+			for stream := range k.followers {
+				k.stale[stream] = true
+			}
+			k.mu.Unlock()
+		case <-k.activity:
+			if refresh == nil {
+				refresh = time.After(max(0, time.Second-time.Since(lastRead)))
+			}
+			continue
+		case <-refresh:
+			refresh = nil
+			lastRead = time.Now()
+			k.refresh(ctx)
+			continue
+		}
+		t.Reset(k.look(ctx))
+	}
+}
+
+// refresh reads the last sequence of the tracked streams published to
+// since they were last read. One that could not be read is read again
+// at the next refresh.
+func (k *Keeper) refresh(ctx context.Context) {
+	k.mu.Lock()
+	var streams []string
+	for stream := range k.stale {
+		if kt, ok := k.kept[stream]; ok && kt.spec.track && k.followers[stream] != nil {
+			streams = append(streams, stream)
+		}
+	}
+	clear(k.stale)
+	kept := maps.Clone(k.kept)
+	k.mu.Unlock()
+	read := k.lastSequences(ctx, streams)
+	for _, stream := range streams {
+		if st, ok := read[stream]; ok {
+			raise(&kept[stream].last, st.last)
+		} else {
+			k.touch(stream)
 		}
 	}
 }
 
 // look asks which streams exist and makes again those kept that are
-// missing, once due; it reads the last sequence of those tracked.
-func (k *Keeper) look(ctx context.Context) {
+// missing, once due; it reads the last sequence of those tracked whose
+// follower is not running, and starts it. It returns how long until the
+// next look, if nothing asks for one sooner.
+func (k *Keeper) look(ctx context.Context) time.Duration {
 	k.mu.Lock()
 	kept := maps.Clone(k.kept)
 	specs := map[string]spec{}
@@ -126,31 +245,142 @@ func (k *Keeper) look(ctx context.Context) {
 		if ctx.Err() == nil {
 			k.log.Debug("could not list the names of the streams", "err", err)
 		}
-		return
+		return time.Second
 	}
-	var tracked []string
+	var toRead []string
+	k.mu.Lock()
 	for stream, sp := range specs {
-		if sp.track && exists[stream] {
-			tracked = append(tracked, stream)
+		if sp.track && exists[stream] && (!k.followers[stream].running() || k.stale[stream]) {
+			toRead = append(toRead, stream)
+			delete(k.stale, stream)
 		}
 	}
-	last := k.lastSequences(ctx, tracked)
+	k.mu.Unlock()
+	read := k.lastSequences(ctx, toRead)
+	next := k.every
 	for _, stream := range slices.Sorted(maps.Keys(kept)) {
 		if ctx.Err() != nil {
-			return
+			return next
 		}
 		kt, sp := kept[stream], specs[stream]
 		if !exists[stream] {
+			k.unfollow(stream)
 			k.repair(ctx, stream, kt, sp)
+			if !kt.due.IsZero() {
+				next = min(next, max(time.Until(kt.due), 10*time.Millisecond))
+			}
 			continue
 		}
-		if seq, ok := last[stream]; ok {
-			kt.last = seq
+		st, ok := read[stream]
+		if ok {
+			raise(&kt.last, st.last)
+		} else if sp.track && !k.followers[stream].running() {
+			next = min(next, time.Second) // not followed yet: soon again
+		}
+		if sp.track && ok && !k.followers[stream].running() {
+			k.unfollow(stream)
+			if f := k.startFollower(stream, st.subjects); f != nil {
+				k.followers[stream] = f
+				// What was published between the read and the
+				// subscription: read it again now.
+				if again, ok := k.lastSequences(ctx, []string{stream})[stream]; ok {
+					raise(&kt.last, again.last)
+				} else {
+					k.touch(stream)
+				}
+			}
 		}
 		if !kt.seen {
-			k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last)
+			k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last.Load())
 		}
 		kt.seen, kt.due, kt.failures = true, time.Time{}, 0
+	}
+	// The followers of streams no longer kept or tracked stop.
+	for stream := range k.followers {
+		if !specs[stream].track {
+			k.unfollow(stream)
+		}
+	}
+	return next
+}
+
+// raise sets v to seq if seq is higher.
+func raise(v *atomic.Uint64, seq uint64) {
+	for {
+		old := v.Load()
+		if seq <= old || v.CompareAndSwap(old, seq) {
+			return
+		}
+	}
+}
+
+// unfollow stops following a stream.
+func (k *Keeper) unfollow(stream string) {
+	k.followers[stream].stop()
+	delete(k.followers, stream)
+}
+
+func (k *Keeper) stopFollowers() {
+	for stream := range k.followers {
+		k.unfollow(stream)
+	}
+}
+
+// follower watches a tracked stream's subjects: a message published
+// there (its stream takes it, with the next sequence) marks the stream's
+// last sequence stale, and it is read again within a second. A plain
+// subscription, not a consumer: a work-queue stream takes no second
+// consumer of its subjects, and an idle stream costs nothing.
+type follower struct {
+	subs []*nats.Subscription
+}
+
+// startFollower starts watching a stream's subjects (from the stream's
+// configuration, which the look read); nil if it could not (the stream
+// is then read at each look).
+func (k *Keeper) startFollower(stream string, subjects []string) *follower {
+	f := &follower{}
+	for _, subject := range subjects {
+		sub, err := k.js.Conn().Subscribe(subject, func(*nats.Msg) { k.touch(stream) })
+		if err != nil {
+			k.log.Debug("could not watch the stream's subjects; reading its last sequence at each look", "stream", stream, "err", err)
+			f.stop()
+			return nil
+		}
+		f.subs = append(f.subs, sub)
+	}
+	return f
+}
+
+// touch marks a stream's last sequence stale.
+func (k *Keeper) touch(stream string) {
+	k.mu.Lock()
+	k.stale[stream] = true
+	k.mu.Unlock()
+	select {
+	case k.activity <- struct{}{}:
+	default:
+	}
+}
+
+// running reports whether the follower still watches its stream.
+func (f *follower) running() bool {
+	if f == nil {
+		return false
+	}
+	for _, sub := range f.subs {
+		if !sub.IsValid() {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *follower) stop() {
+	if f != nil {
+		for _, sub := range f.subs {
+			_ = sub.Unsubscribe()
+		}
 	}
 }
 
@@ -173,14 +403,20 @@ func (k *Keeper) names(ctx context.Context) (map[string]bool, error) {
 	return exists, nil
 }
 
+// streamState is what a look reads of a tracked stream.
+type streamState struct {
+	last     uint64
+	subjects []string
+}
+
 // lastSequences reads the last sequence of each stream named, one info
 // request per stream (answered by its leader), all at once. A stream
 // whose info could not be read is left out: its last sequence stays as
 // the previous look found it.
-func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string]uint64 {
+func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string]streamState {
 	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
 	defer cancel()
-	seqs := make([]uint64, len(streams))
+	seqs := make([]streamState, len(streams))
 	read := make([]bool, len(streams))
 	var wg sync.WaitGroup
 	for i, name := range streams {
@@ -192,11 +428,12 @@ func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string
 				}
 				return
 			}
-			seqs[i], read[i] = s.CachedInfo().State.LastSeq, true
+			info := s.CachedInfo()
+			seqs[i], read[i] = streamState{last: info.State.LastSeq, subjects: info.Config.Subjects}, true
 		})
 	}
 	wg.Wait()
-	last := make(map[string]uint64, len(streams))
+	last := make(map[string]streamState, len(streams))
 	for i, name := range streams {
 		if read[i] {
 			last[name] = seqs[i]
@@ -231,12 +468,13 @@ func (k *Keeper) repair(ctx context.Context, stream string, kt *kept, sp spec) {
 	case err == nil:
 		log.Info(sp.what + " was missing; another process made it again")
 		kt.due, kt.failures = time.Time{}, 0
+		k.poke() // the next look follows it again
 		return
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		log.Debug("could not look for "+sp.what, "err", err)
 		return
 	}
-	if err := sp.make(mctx, kt.last); err != nil {
+	if err := sp.make(mctx, kt.last.Load()); err != nil {
 		if ctx.Err() != nil {
 			return
 		}
@@ -247,6 +485,18 @@ func (k *Keeper) repair(ctx context.Context, stream string, kt *kept, sp spec) {
 		kt.failures++
 		return
 	}
-	log.Warn(sp.what+" was missing; made it again", "last_sequence", kt.last)
+	log.Warn(sp.what+" was missing; made it again", "last_sequence", kt.last.Load())
 	kt.due, kt.failures = time.Time{}, 0
+	k.poke() // the next look follows it again
+}
+
+// LastSequence is the last sequence the keeper knows of a tracked stream
+// (0 if it knows none): the stream made again starts past it.
+func (k *Keeper) LastSequence(stream string) uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if kt, ok := k.kept[stream]; ok {
+		return kt.last.Load()
+	}
+	return 0
 }

@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/repair"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -164,5 +166,76 @@ func TestTwoKeepersAtOnce(t *testing.T) {
 	}
 	if n := len(logs.Lines("exists with other settings")); n > 0 {
 		t.Error("the bucket made again has other settings")
+	}
+}
+
+// A keeper asks nothing of the servers on its own while nothing happens:
+// with a periodic look an hour apart, a stream deleted is made again at
+// once (the servers announce the deletion), past the last sequence the
+// keeper followed without looking (a publication has its stream read
+// once, within a second), and no request lists the streams in between.
+func TestKeeperFollowsWithoutLooking(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	log, logs := logtest.New(t)
+	if err := events.Ensure(t.Context(), js, 1, log); err != nil {
+		t.Fatal(err)
+	}
+	k := repair.New(js, time.Hour, log)
+	for _, cfg := range events.StreamConfigs(1) {
+		k.Keep(cfg.Name, "stream "+cfg.Name, true, func(ctx context.Context, last uint64) error {
+			return events.Remake(ctx, js, cfg, last, log)
+		})
+	}
+	run(t, k)
+	logs.Wait(t, within, "DEBUG stream NODEPOOL_REQUESTS is there", "last_sequence=0")
+
+	// Every API request from now on (ours: publishing is not one).
+	api := make(chan string, 1000)
+	sub, err := nc.ChanSubscribe("$JS.API.>", func() chan *nats.Msg {
+		ch := make(chan *nats.Msg, 1000)
+		go func() {
+			for m := range ch {
+				api <- m.Subject
+			}
+		}()
+		return ch
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := js.Publish(t.Context(), events.NewRequestSubject, []byte(`{"labels": ["x"]}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The keeper reads the stream it saw published to.
+	waitfor.Until(t, within, "the keeper knows the stream's last sequence", func() bool {
+		return k.LastSequence(events.RequestsStream) == 3
+	}, waitfor.Every(20*time.Millisecond))
+	var seen []string
+	for len(api) > 0 {
+		seen = append(seen, <-api)
+	}
+	if err := js.DeleteStream(t.Context(), events.RequestsStream); err != nil {
+		t.Fatal(err)
+	}
+	logs.Wait(t, within, "WARN stream NODEPOOL_REQUESTS was missing; made it again", "last_sequence=3")
+	for _, s := range seen {
+		if s == "$JS.API.STREAM.NAMES" {
+			t.Errorf("the keeper listed the streams while nothing asked it to; requests seen before the deletion: %q", seen)
+			break
+		}
+	}
+	ack, err := js.Publish(t.Context(), events.NewRequestSubject, []byte(`{"labels": ["x"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(3 + events.RemadeSequenceGap); ack.Sequence != want {
+		t.Errorf("the first message of the stream made again has sequence %d, want %d", ack.Sequence, want)
 	}
 }
