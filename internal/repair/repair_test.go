@@ -239,3 +239,53 @@ func TestKeeperFollowsWithoutLooking(t *testing.T) {
 		t.Errorf("the first message of the stream made again has sequence %d, want %d", ack.Sequence, want)
 	}
 }
+
+// What the servers announced while a keeper was cut off from them (a
+// bucket deleted, messages published to a tracked stream) is found when
+// its connection comes back, though its periodic look is an hour away.
+func TestKeeperLooksWhenTheConnectionComesBack(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log, logs := logtest.New(t)
+	if err := events.Ensure(t.Context(), js, 1, log); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(t.Context(), bucketConfig()); err != nil {
+		t.Fatal(err)
+	}
+	proxy := natstest.StartProxy(t, srv)
+	knc, err := nats.Connect(proxy.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(knc.Close)
+	kjs, err := jetstream.New(knc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := repair.New(kjs, time.Hour, log)
+	keepBucket(k, kjs)
+	cfg := events.StreamConfigs(1)[0]
+	k.Keep(cfg.Name, "stream "+cfg.Name, true, func(ctx context.Context, last uint64) error {
+		return events.Remake(ctx, kjs, cfg, last, log)
+	})
+	run(t, k)
+	logs.Wait(t, within, "DEBUG bucket things is there")
+	logs.Wait(t, within, "DEBUG stream NODEPOOL_REQUESTS is there")
+
+	proxy.Cut()
+	waitfor.Until(t, within, "the keeper's connection is down", func() bool { return !knc.IsConnected() }, waitfor.Every(10*time.Millisecond))
+	for range 2 {
+		if _, err := js.Publish(t.Context(), events.NewRequestSubject, []byte(`{"labels": ["x"]}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := js.DeleteKeyValue(t.Context(), "things"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	logs.Wait(t, within, "WARN bucket things was missing; made it again")
+	waitfor.Until(t, within, "the keeper knows the stream's last sequence", func() bool {
+		return k.LastSequence(events.RequestsStream) == 2
+	}, waitfor.Every(20*time.Millisecond))
+}
