@@ -247,16 +247,7 @@ func (k *Keeper) look(ctx context.Context) time.Duration {
 		}
 		return time.Second
 	}
-	var toRead []string
-	k.mu.Lock()
-	for stream, sp := range specs {
-		if sp.track && exists[stream] && (!k.followers[stream].running() || k.stale[stream]) {
-			toRead = append(toRead, stream)
-			delete(k.stale, stream)
-		}
-	}
-	k.mu.Unlock()
-	read := k.lastSequences(ctx, toRead)
+	read := k.lastSequences(ctx, k.toRead(specs, exists))
 	next := k.every
 	for _, stream := range slices.Sorted(maps.Keys(kept)) {
 		if ctx.Err() != nil {
@@ -274,21 +265,9 @@ func (k *Keeper) look(ctx context.Context) time.Duration {
 		st, ok := read[stream]
 		if ok {
 			raise(&kt.last, st.last)
-		} else if sp.track && !k.followers[stream].running() {
-			next = min(next, time.Second) // not followed yet: soon again
 		}
-		if sp.track && ok && !k.followers[stream].running() {
-			k.unfollow(stream)
-			if f := k.startFollower(stream, st.subjects); f != nil {
-				k.followers[stream] = f
-				// What was published between the read and the
-				// subscription: read it again now.
-				if again, ok := k.lastSequences(ctx, []string{stream})[stream]; ok {
-					raise(&kt.last, again.last)
-				} else {
-					k.touch(stream)
-				}
-			}
+		if sp.track && !k.followers[stream].running() && !(ok && k.follow(ctx, stream, kt, st.subjects)) {
+			next = min(next, time.Second) // not followed yet: soon again
 		}
 		if !kt.seen {
 			k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last.Load())
@@ -302,6 +281,40 @@ func (k *Keeper) look(ctx context.Context) time.Duration {
 		}
 	}
 	return next
+}
+
+// toRead lists the tracked streams that exist whose last sequence a look
+// reads: those not followed (yet), and those published to since the last
+// read.
+func (k *Keeper) toRead(specs map[string]spec, exists map[string]bool) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var streams []string
+	for stream, sp := range specs {
+		if sp.track && exists[stream] && (!k.followers[stream].running() || k.stale[stream]) {
+			streams = append(streams, stream)
+			delete(k.stale, stream)
+		}
+	}
+	return streams
+}
+
+// follow starts following a tracked stream whose subjects a look read,
+// and reads its last sequence again (what was published between that
+// read and the subscription). It reports whether the stream is followed.
+func (k *Keeper) follow(ctx context.Context, stream string, kt *kept, subjects []string) bool {
+	k.unfollow(stream)
+	f := k.startFollower(stream, subjects)
+	if f == nil {
+		return false
+	}
+	k.followers[stream] = f
+	if again, ok := k.lastSequences(ctx, []string{stream})[stream]; ok {
+		raise(&kt.last, again.last)
+	} else {
+		k.touch(stream)
+	}
+	return true
 }
 
 // raise sets v to seq if seq is higher.
