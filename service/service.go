@@ -213,7 +213,15 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 func (p *Process) keep(cfg *config.Config) {
 	s := p.Settings
 	for _, sc := range events.StreamConfigs(s.Replicas) {
-		p.keeper.Keep(sc.Name, "stream "+sc.Name, true, func(ctx context.Context, last uint64) error {
+		// Records name messages of the requests and builds streams by
+		// their sequence (a request without an id of its own, the
+		// trigger a build answers): the keeper follows those, and one
+		// made again continues past them. Work is named by its subject
+		// and message id: the work stream is not followed (following is
+		// a subscription to the stream's subjects, a copy of every
+		// message to every process).
+		track := sc.Name != events.WorkStream
+		p.keeper.Keep(sc.Name, "stream "+sc.Name, track, func(ctx context.Context, last uint64) error {
 			return events.Remake(ctx, p.js, sc, last, p.Log)
 		})
 	}
