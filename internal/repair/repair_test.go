@@ -2,6 +2,7 @@ package repair_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -28,6 +29,15 @@ func keepBucket(k *repair.Keeper, js jetstream.JetStream) {
 		_, err := js.CreateKeyValue(ctx, bucketConfig())
 		return err
 	})
+}
+
+// keepStreams has a keeper look after the event streams, each tracked.
+func keepStreams(k *repair.Keeper, js jetstream.JetStream, log *slog.Logger) {
+	for _, cfg := range events.StreamConfigs(1) {
+		k.Keep(cfg.Name, "stream "+cfg.Name, true, func(ctx context.Context, last uint64) error {
+			return events.Remake(ctx, js, cfg, last, log)
+		})
+	}
 }
 
 func run(t *testing.T, k *repair.Keeper) {
@@ -86,11 +96,7 @@ func TestStreamMadeAgainContinuesItsSequence(t *testing.T) {
 		}
 	}
 	k := repair.New(js, 100*time.Millisecond, log)
-	for _, cfg := range events.StreamConfigs(1) {
-		k.Keep(cfg.Name, "stream "+cfg.Name, true, func(ctx context.Context, last uint64) error {
-			return events.Remake(ctx, js, cfg, last, log)
-		})
-	}
+	keepStreams(k, js, log)
 	run(t, k)
 	logs.Wait(t, within, "DEBUG stream NODEPOOL_REQUESTS is there", "last_sequence=5")
 	if err := js.DeleteStream(t.Context(), events.RequestsStream); err != nil {
@@ -182,11 +188,7 @@ func TestKeeperFollowsWithoutLooking(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := repair.New(js, time.Hour, log)
-	for _, cfg := range events.StreamConfigs(1) {
-		k.Keep(cfg.Name, "stream "+cfg.Name, true, func(ctx context.Context, last uint64) error {
-			return events.Remake(ctx, js, cfg, last, log)
-		})
-	}
+	keepStreams(k, js, log)
 	run(t, k)
 	logs.Wait(t, within, "DEBUG stream NODEPOOL_REQUESTS is there", "last_sequence=0")
 
