@@ -10,8 +10,8 @@
 // which streams exist) when one of its streams is announced, when the
 // connection comes back (announcements made meanwhile were lost), when it
 // starts and, as a safety net, every few minutes. The last sequence of a
-// tracked stream is followed by a subscription to the stream's messages'
-// headers (an ordered consumer), not read at each look.
+// tracked stream is read again only when the stream was published to: a
+// plain subscription to its subjects says so.
 package repair
 
 import (
@@ -78,13 +78,13 @@ type spec struct {
 }
 
 // kept is one stream looked after; its fields other than spec (guarded
-// by Keeper.mu) belong to the goroutine that looks, but last, which its
-// follower raises too.
+// by Keeper.mu) belong to the goroutine that looks; last is atomic, as
+// LastSequence reads it from anywhere.
 type kept struct {
 	spec spec
 
-	// last is the highest sequence seen of a tracked stream (by a look
-	// or by its follower).
+	// last is the highest sequence read of a tracked stream (by a look
+	// or a refresh).
 	last atomic.Uint64
 	// seen: a look found the stream (said once, in the debug log).
 	seen bool
