@@ -129,9 +129,19 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	return nil
 }
 
+// NamedBySequence reports whether records name the messages of a stream
+// by their sequence (a request without an id of its own, the trigger a
+// build answers): its last sequence is to be followed, so that the stream
+// made again continues past it (Remake). Work is named by its subject and
+// message id.
+func NamedBySequence(stream string) bool {
+	return stream == RequestsStream || stream == BuildsStream
+}
+
 // RemadeSequenceGap is how far past the last sequence seen of a deleted
 // stream the stream made again starts: more than could be published
-// between that look (a second before) and the deletion.
+// between that reading (within a second of a publication) and the
+// deletion.
 const RemadeSequenceGap = 100000
 
 // Remake makes a deleted stream again. Records name messages by their

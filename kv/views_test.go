@@ -111,7 +111,7 @@ func TestIdleProcessAsksLittle(t *testing.T) {
 	}
 	keeper := repair.New(kjs, 0, log)
 	for _, bc := range kv.BucketConfigs(kv.Options{Replicas: 1, LeaseTTL: time.Second}) {
-		keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, false, func(context.Context, uint64) error { return nil })
+		keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, nil, func(context.Context, uint64) error { return nil })
 	}
 
 	var mu sync.Mutex

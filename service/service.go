@@ -213,15 +213,14 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 func (p *Process) keep(cfg *config.Config) {
 	s := p.Settings
 	for _, sc := range events.StreamConfigs(s.Replicas) {
-		// Records name messages of the requests and builds streams by
-		// their sequence (a request without an id of its own, the
-		// trigger a build answers): the keeper follows those, and one
-		// made again continues past them. Work is named by its subject
-		// and message id: the work stream is not followed (following is
-		// a subscription to the stream's subjects, a copy of every
-		// message to every process).
-		track := sc.Name != events.WorkStream
-		p.keeper.Keep(sc.Name, "stream "+sc.Name, track, func(ctx context.Context, last uint64) error {
+		// The keeper follows a stream's last sequence by a subscription
+		// to its subjects (a copy of every message to every process):
+		// only where records name messages by it.
+		var follow []string
+		if events.NamedBySequence(sc.Name) {
+			follow = sc.Subjects
+		}
+		p.keeper.Keep(sc.Name, "stream "+sc.Name, follow, func(ctx context.Context, last uint64) error {
 			return events.Remake(ctx, p.js, sc, last, p.Log)
 		})
 	}
@@ -229,7 +228,7 @@ func (p *Process) keep(cfg *config.Config) {
 		p.keepBucket(bc)
 	}
 	if s.HasRole(config.RoleBuilder) {
-		p.keeper.Keep("OBJ_"+builder.FilesBucket, "object store "+builder.FilesBucket, false, func(ctx context.Context, _ uint64) error {
+		p.keeper.Keep("OBJ_"+builder.FilesBucket, "object store "+builder.FilesBucket, nil, func(ctx context.Context, _ uint64) error {
 			_, err := builder.EnsureFiles(ctx, p.js, s.Replicas, p.Log)
 			return err
 		})
@@ -238,7 +237,7 @@ func (p *Process) keep(cfg *config.Config) {
 }
 
 func (p *Process) keepBucket(bc jetstream.KeyValueConfig) {
-	p.keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, false, func(ctx context.Context, _ uint64) error {
+	p.keeper.Keep("KV_"+bc.Bucket, "bucket "+bc.Bucket, nil, func(ctx context.Context, _ uint64) error {
 		_, err := kv.EnsureBucket(ctx, p.js, bc, p.Log)
 		return err
 	})

@@ -4,14 +4,14 @@
 // deleted bucket held are gone; the point is that the service goes on
 // working.
 //
-// It asks nothing of the servers while nothing happens: the servers
-// announce a deleted stream (an advisory on
-// $JS.EVENT.ADVISORY.STREAM.DELETED.<stream>), and a keeper looks (asks
-// which streams exist) when one of its streams is announced, when the
-// connection comes back (announcements made meanwhile were lost), when it
-// starts and, as a safety net, every few minutes. The last sequence of a
-// tracked stream is read again only when the stream was published to: a
-// plain subscription to its subjects says so.
+// It looks (one request listing the streams' names) every second, and at
+// once when its connection comes back. The servers also announce a
+// deleted stream ($JS.EVENT.ADVISORY.STREAM.DELETED.<stream>), but not
+// reliably: nats-server v2.15 queues the announcement on the stream's own
+// send queue and closes that queue's loop right after, so under load it
+// is sometimes dropped (stream.go, stop); the look does not depend on it.
+// The last sequence of a followed stream is read again only when the
+// stream was published to: a plain subscription to its subjects says so.
 package repair
 
 import (
@@ -21,7 +21,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,21 +32,15 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
-// Every is how often a Keeper looks by default when no announcement asks
-// it to: a safety net for an announcement lost otherwise than by a lost
-// connection.
-const Every = 5 * time.Minute
+// Every is how often a Keeper looks by default.
+const Every = time.Second
 
 // makeTimeout bounds one try to make a stream again (a cluster without a
 // leader is waited out that long, then the next look tries again).
 const makeTimeout = 30 * time.Second
 
-// deletedAdvisory is the subject prefix of the servers' announcements of
-// a deleted stream; the stream's name follows.
-const deletedAdvisory = "$JS.EVENT.ADVISORY.STREAM.DELETED."
-
 // Make makes a missing stream again. last is the stream's last sequence
-// when it was last seen, if Keep was asked to track it (else 0).
+// when it was last seen, if Keep was asked to follow it (else 0).
 type Make func(ctx context.Context, last uint64) error
 
 // Keeper looks after the streams of one process.
@@ -58,11 +51,11 @@ type Keeper struct {
 
 	// wake asks the goroutine that looks to look now.
 	wake chan struct{}
-	// followers watch the subjects of the tracked streams that exist
+	// followers watch the subjects of the followed streams that exist
 	// (the goroutine that looks owns it).
 	followers map[string]*follower
-	// activity says that a tracked stream was published to: stale (under
-	// mu) says which.
+	// activity says that a followed stream was published to: stale
+	// (under mu) says which.
 	activity chan struct{}
 
 	mu    sync.Mutex
@@ -72,18 +65,19 @@ type Keeper struct {
 
 // spec says how a stream is looked after.
 type spec struct {
-	what  string
-	make  Make
-	track bool
+	what string
+	make Make
+	// follow: the stream's subjects, if its last sequence is followed.
+	follow []string
 }
 
 // kept is one stream looked after; its fields other than spec (guarded
-// by Keeper.mu) belong to the goroutine that looks; last is atomic, as
-// LastSequence reads it from anywhere.
+// by Keeper.mu) belong to the goroutine that looks; last, which only that
+// goroutine writes, is atomic as LastSequence reads it from anywhere.
 type kept struct {
 	spec spec
 
-	// last is the highest sequence read of a tracked stream (by a look
+	// last is the highest sequence read of a followed stream (by a look
 	// or a refresh).
 	last atomic.Uint64
 	// seen: a look found the stream (said once, in the debug log).
@@ -109,17 +103,17 @@ func New(js jetstream.JetStream, every time.Duration, log *slog.Logger) *Keeper 
 // for a bucket, OBJ_<store> for an object store), what names it in the
 // log ("bucket nodepool-nodes"), and make makes it again. The stream
 // exists (its owner made it before asking): from the next look on, a
-// missing one is made again. With track, the keeper follows its last
-// sequence, which make gets. Keeping a stream kept already replaces how
-// it is made.
-func (k *Keeper) Keep(stream, what string, track bool, make Make) {
+// missing one is made again. With follow, the stream's subjects, the
+// keeper follows its last sequence, which make gets. Keeping a stream
+// kept already replaces how it is made.
+func (k *Keeper) Keep(stream, what string, follow []string, make Make) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if kt, ok := k.kept[stream]; ok {
-		kt.spec = spec{what, make, track}
+		kt.spec = spec{what, make, follow}
 		return
 	}
-	k.kept[stream] = &kept{spec: spec{what, make, track}}
+	k.kept[stream] = &kept{spec: spec{what, make, follow}}
 	k.poke()
 }
 
@@ -142,24 +136,7 @@ func (k *Keeper) poke() {
 // Run looks after the streams until ctx ends.
 func (k *Keeper) Run(ctx context.Context) {
 	nc := k.js.Conn()
-	// Announcements of deleted streams: a kept one asks for a look.
-	sub, err := nc.Subscribe(deletedAdvisory+">", func(m *nats.Msg) {
-		stream := strings.TrimPrefix(m.Subject, deletedAdvisory)
-		k.mu.Lock()
-		_, ok := k.kept[stream]
-		k.mu.Unlock()
-		if ok {
-			k.log.Debug("a stream looked after was deleted", "stream", stream)
-			k.poke()
-		}
-	})
-	if err != nil {
-		// Looked at every interval only, then.
-		k.log.Warn("could not subscribe to the announcements of deleted streams; a deleted stream is made again at the next periodic look", "err", err)
-	} else {
-		defer func() { _ = sub.Unsubscribe() }()
-	}
-	// Announcements made while disconnected are lost: look on reconnect.
+	// Publications missed while disconnected: look on reconnect.
 	status := nc.StatusChanged(nats.CONNECTED)
 	defer nc.RemoveStatusListener(status)
 	defer k.stopFollowers()
@@ -182,7 +159,7 @@ func (k *Keeper) Run(ctx context.Context) {
 		case <-t.C:
 		case <-k.wake:
 		case <-status:
-			// Publications missed while disconnected: read every tracked
+			// Publications missed while disconnected: read every followed
 			// stream again.
 			k.mu.Lock()
 			for stream := range k.followers {
@@ -204,24 +181,23 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-// refresh reads the last sequence of the tracked streams published to
+// refresh reads the last sequence of the followed streams published to
 // since they were last read. One that could not be read is read again
 // at the next refresh.
 func (k *Keeper) refresh(ctx context.Context) {
 	k.mu.Lock()
-	var streams []string
+	stale := map[string]*kept{}
 	for stream := range k.stale {
-		if kt, ok := k.kept[stream]; ok && kt.spec.track && k.followers[stream] != nil {
-			streams = append(streams, stream)
+		if kt, ok := k.kept[stream]; ok && k.followers[stream] != nil {
+			stale[stream] = kt
 		}
 	}
 	clear(k.stale)
-	kept := maps.Clone(k.kept)
 	k.mu.Unlock()
-	read := k.lastSequences(ctx, streams)
-	for _, stream := range streams {
-		if st, ok := read[stream]; ok {
-			raise(&kept[stream].last, st.last)
+	read := k.lastSequences(ctx, slices.Collect(maps.Keys(stale)))
+	for stream, kt := range stale {
+		if last, ok := read[stream]; ok {
+			kt.saw(last)
 		} else {
 			k.touch(stream)
 		}
@@ -229,8 +205,8 @@ func (k *Keeper) refresh(ctx context.Context) {
 }
 
 // look asks which streams exist and makes again those kept that are
-// missing, once due; it reads the last sequence of those tracked whose
-// follower is not running, and starts it. It returns how long until the
+// missing, once due; it starts following those to follow that exist, and
+// reads their last sequence. It returns how long until the
 // next look, if nothing asks for one sooner.
 func (k *Keeper) look(ctx context.Context) time.Duration {
 	k.mu.Lock()
@@ -247,8 +223,11 @@ func (k *Keeper) look(ctx context.Context) time.Duration {
 		}
 		return time.Second
 	}
-	read := k.lastSequences(ctx, k.toRead(specs, exists))
 	next := k.every
+	if !k.followAll(specs, exists) {
+		next = time.Second // one not followed yet: soon again
+	}
+	read := k.lastSequences(ctx, k.toRead(specs, exists))
 	for _, stream := range slices.Sorted(maps.Keys(kept)) {
 		if ctx.Err() != nil {
 			return next
@@ -262,36 +241,32 @@ func (k *Keeper) look(ctx context.Context) time.Duration {
 			}
 			continue
 		}
-		st, ok := read[stream]
-		if ok {
-			raise(&kt.last, st.last)
-		}
-		if sp.track && !k.followers[stream].running() && !(ok && k.follow(ctx, stream, kt, st.subjects)) {
-			next = min(next, time.Second) // not followed yet: soon again
+		if last, ok := read[stream]; ok {
+			kt.saw(last)
 		}
 		if !kt.seen {
 			k.log.Debug(sp.what+" is there; made again if it is deleted", "stream", stream, "last_sequence", kt.last.Load())
 		}
 		kt.seen, kt.due, kt.failures = true, time.Time{}, 0
 	}
-	// The followers of streams no longer kept or tracked stop.
+	// The followers of streams no longer kept or followed stop.
 	for stream := range k.followers {
-		if !specs[stream].track {
+		if specs[stream].follow == nil {
 			k.unfollow(stream)
 		}
 	}
 	return next
 }
 
-// toRead lists the tracked streams that exist whose last sequence a look
-// reads: those not followed (yet), and those published to since the last
-// read.
+// toRead lists the streams to follow that exist whose last sequence a
+// look reads: those just followed or not followed (their subscription
+// failed), and those published to since the last read.
 func (k *Keeper) toRead(specs map[string]spec, exists map[string]bool) []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var streams []string
 	for stream, sp := range specs {
-		if sp.track && exists[stream] && (!k.followers[stream].running() || k.stale[stream]) {
+		if sp.follow != nil && exists[stream] && (!k.followers[stream].running() || k.stale[stream]) {
 			streams = append(streams, stream)
 			delete(k.stale, stream)
 		}
@@ -299,31 +274,39 @@ func (k *Keeper) toRead(specs map[string]spec, exists map[string]bool) []string 
 	return streams
 }
 
-// follow starts following a tracked stream whose subjects a look read,
-// and reads its last sequence again (what was published between that
-// read and the subscription). It reports whether the stream is followed.
-func (k *Keeper) follow(ctx context.Context, stream string, kt *kept, subjects []string) bool {
+// followAll follows the streams to follow that exist and are not
+// followed yet; it reports whether every one is.
+func (k *Keeper) followAll(specs map[string]spec, exists map[string]bool) bool {
+	all := true
+	for stream, sp := range specs {
+		if sp.follow != nil && exists[stream] && !k.followers[stream].running() && !k.follow(stream, sp.follow) {
+			all = false
+		}
+	}
+	return all
+}
+
+// follow starts following a stream: its subscription first, so that the
+// read the look makes next misses no publication. It reports whether the
+// stream is followed.
+func (k *Keeper) follow(stream string, subjects []string) bool {
 	k.unfollow(stream)
 	f := k.startFollower(stream, subjects)
 	if f == nil {
 		return false
 	}
 	k.followers[stream] = f
-	if again, ok := k.lastSequences(ctx, []string{stream})[stream]; ok {
-		raise(&kt.last, again.last)
-	} else {
-		k.touch(stream)
-	}
+	k.mu.Lock()
+	k.stale[stream] = true
+	k.mu.Unlock()
 	return true
 }
 
-// raise sets v to seq if seq is higher.
-func raise(v *atomic.Uint64, seq uint64) {
-	for {
-		old := v.Load()
-		if seq <= old || v.CompareAndSwap(old, seq) {
-			return
-		}
+// saw raises the last sequence known to seq (only the goroutine that
+// looks writes it).
+func (kt *kept) saw(seq uint64) {
+	if seq > kt.last.Load() {
+		kt.last.Store(seq)
 	}
 }
 
@@ -339,7 +322,7 @@ func (k *Keeper) stopFollowers() {
 	}
 }
 
-// follower watches a tracked stream's subjects: a message published
+// follower watches a followed stream's subjects: a message published
 // there (its stream takes it, with the next sequence) marks the stream's
 // last sequence stale, and it is read again within a second. A plain
 // subscription, not a consumer: a work-queue stream takes no second
@@ -348,9 +331,8 @@ type follower struct {
 	subs []*nats.Subscription
 }
 
-// startFollower starts watching a stream's subjects (from the stream's
-// configuration, which the look read); nil if it could not (the stream
-// is then read at each look).
+// startFollower starts watching a stream's subjects; nil if it could
+// not (the stream is then read at each look).
 func (k *Keeper) startFollower(stream string, subjects []string) *follower {
 	f := &follower{}
 	for _, subject := range subjects {
@@ -416,20 +398,14 @@ func (k *Keeper) names(ctx context.Context) (map[string]bool, error) {
 	return exists, nil
 }
 
-// streamState is what a look reads of a tracked stream.
-type streamState struct {
-	last     uint64
-	subjects []string
-}
-
 // lastSequences reads the last sequence of each stream named, one info
 // request per stream (answered by its leader), all at once. A stream
 // whose info could not be read is left out: its last sequence stays as
 // the previous look found it.
-func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string]streamState {
+func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string]uint64 {
 	lctx, cancel := context.WithTimeout(ctx, natsretry.AttemptTimeout)
 	defer cancel()
-	seqs := make([]streamState, len(streams))
+	seqs := make([]uint64, len(streams))
 	read := make([]bool, len(streams))
 	var wg sync.WaitGroup
 	for i, name := range streams {
@@ -441,12 +417,11 @@ func (k *Keeper) lastSequences(ctx context.Context, streams []string) map[string
 				}
 				return
 			}
-			info := s.CachedInfo()
-			seqs[i], read[i] = streamState{last: info.State.LastSeq, subjects: info.Config.Subjects}, true
+			seqs[i], read[i] = s.CachedInfo().State.LastSeq, true
 		})
 	}
 	wg.Wait()
-	last := make(map[string]streamState, len(streams))
+	last := make(map[string]uint64, len(streams))
 	for i, name := range streams {
 		if read[i] {
 			last[name] = seqs[i]
@@ -503,7 +478,7 @@ func (k *Keeper) repair(ctx context.Context, stream string, kt *kept, sp spec) {
 	k.poke() // the next look follows it again
 }
 
-// LastSequence is the last sequence the keeper knows of a tracked stream
+// LastSequence is the last sequence the keeper knows of a followed stream
 // (0 if it knows none): the stream made again starts past it.
 func (k *Keeper) LastSequence(stream string) uint64 {
 	k.mu.Lock()
