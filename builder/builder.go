@@ -457,7 +457,8 @@ func (b *Builder) startWorkers(ctx context.Context, wg *sync.WaitGroup, name, wh
 			MaxAckPending: 1000,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		},
-		Log: b.log,
+		Missing: b.b.ReportMissing,
+		Log:     b.log,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the %s consumer: %w", what, err)

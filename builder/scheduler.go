@@ -572,6 +572,9 @@ func (s *scheduler) orphanChunks(ctx context.Context) {
 	s.lastChunks = time.Now()
 	stream, err := b.js.Stream(ctx, "OBJ_"+FilesBucket)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			b.b.ReportMissing("OBJ_" + FilesBucket)
+		}
 		return
 	}
 	prefix := "$O." + FilesBucket + ".C."

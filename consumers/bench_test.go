@@ -105,7 +105,7 @@ providers: [{name: c, driver: fake, pools: [{name: p, labels: [small]}]}]
 	}
 	srv := natstest.Start(b)
 	_, js := srv.Connect(b)
-	p, err := fake.New(b.Context(), js, &cfg.Providers[0], 1, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p, err := fake.New(b.Context(), js, &cfg.Providers[0], fake.Options{Replicas: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
 	}

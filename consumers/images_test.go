@@ -56,7 +56,7 @@ func TestLaunchWaitsForImage(t *testing.T) {
 	// Uploads appear, as the builder would make them: an image in the
 	// cloud and a ready upload record naming it; the newest first (the
 	// request may be served as soon as one exists), then an older one.
-	drv, err := fake.New(t.Context(), h.js, &h.cfg.Providers[0], 1, testLog(t))
+	drv, err := fake.New(t.Context(), h.js, &h.cfg.Providers[0], fake.Options{Replicas: 1}, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}

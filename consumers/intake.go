@@ -108,7 +108,8 @@ func (l *Launcher) openIntake(ctx context.Context) (*durable.Consumer, error) {
 			MaxAckPending:  10000,
 			DeliverPolicy:  jetstream.DeliverAllPolicy,
 		},
-		Resume: true,
+		Missing: l.b.ReportMissing,
+		Resume:  true,
 		// A consumer made again delivers again what was acknowledged
 		// since the floor was read: the handler finds those requests
 		// recorded (their records, or their delete markers, are there).

@@ -240,7 +240,8 @@ func (lc *lifecycle) openWork(ctx context.Context, name, description, subjects s
 			BackOff:       workAckWait,
 			MaxDeliver:    lifecycleMaxDeliver,
 		},
-		Log: lc.l.log,
+		Missing: lc.l.b.ReportMissing,
+		Log:     lc.l.log,
 	})
 }
 

@@ -34,6 +34,10 @@ type Options struct {
 	// LeaseTTL is how long a component heartbeat or a lease lives without
 	// renewal.
 	LeaseTTL time.Duration
+	// Missing, if set, is told the name of a bucket's stream (KV_<bucket>)
+	// when a call on it or a cache's watch finds it gone: the process's
+	// repair keeper (internal/repair) looks at once.
+	Missing func(stream string)
 }
 
 // Buckets are the stores of every bucket of the contract.
@@ -50,6 +54,18 @@ type Buckets struct {
 	// are: the life of every heartbeat and lease, whatever a process was
 	// configured with (0 if it could not be read).
 	LeaseTTL time.Duration
+	// missing is Options.Missing, for the caches of Images.
+	missing func(stream string)
+}
+
+// ReportMissing tells Options.Missing (if Ensure had one) that a stream
+// the process depends on was found gone: a consumer's stream, an object
+// store's (OBJ_<store>), a bucket's (KV_<bucket>; the stores tell it
+// themselves).
+func (b *Buckets) ReportMissing(stream string) {
+	if b != nil && b.missing != nil {
+		b.missing(stream)
+	}
 }
 
 // BucketConfigs returns the configuration of each bucket.
@@ -105,13 +121,14 @@ func Ensure(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Lo
 		byName[cfg.Bucket] = i
 	}
 	b := &Buckets{
-		Requests:   newStore[Request](js, kvs[byName[BucketRequests]]),
-		Nodes:      newStore[Node](js, kvs[byName[BucketNodes]]),
+		Requests:   newStore[Request](js, kvs[byName[BucketRequests]]).Reporting(o.Missing),
+		Nodes:      newStore[Node](js, kvs[byName[BucketNodes]]).Reporting(o.Missing),
 		Images:     kvs[byName[BucketImages]],
-		Components: newStore[Component](js, kvs[byName[BucketComponents]]),
-		Locks:      newStore[LeaseRecord](js, kvs[byName[BucketLocks]]),
-		Providers:  newStore[ProviderRecord](js, kvs[byName[BucketProviders]]),
+		Components: newStore[Component](js, kvs[byName[BucketComponents]]).Reporting(o.Missing),
+		Locks:      newStore[LeaseRecord](js, kvs[byName[BucketLocks]]).Reporting(o.Missing),
+		Providers:  newStore[ProviderRecord](js, kvs[byName[BucketProviders]]).Reporting(o.Missing),
 		LeaseTTL:   streams[byName[BucketComponents]].MaxAge,
+		missing:    o.Missing,
 	}
 	if lock := streams[byName[BucketLocks]].MaxAge; b.LeaseTTL != lock {
 		return nil, fmt.Errorf("buckets %s (TTL %s) and %s (TTL %s) must have the same TTL, the lease TTL; recreate one of them with the other's",

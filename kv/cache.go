@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nodepool-nats/nodepool/internal/natsretry"
+	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
 // Change is one change seen by a Cache: New is nil when the key was deleted,
@@ -122,7 +125,7 @@ func (c *Cache[T]) Run(ctx context.Context) error {
 		stop()
 		return nil
 	}
-	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}}
+	w := &watchLoop{kv: c.store.kv, keys: c.store.keys, log: c.log, sinks: []sink{c}, missing: c.store.missing}
 	w.run(ctx)
 	return nil
 }
@@ -502,13 +505,17 @@ func (s *Subscription[T]) Drain() []Change[T] {
 // and decoded one at a time, read 100,000 records in about 3 s); without,
 // it watches.
 func (s *Store[T]) List(ctx context.Context) ([]Entry[T], error) {
-	return list(ctx, s, listBatch, func(r *rawRecord, v T) Entry[T] { return Entry[T]{Key: r.key, Value: v, Revision: r.rev} })
+	out, err := list(ctx, s, listBatch, func(r *rawRecord, v T) Entry[T] { return Entry[T]{Key: r.key, Value: v, Revision: r.rev} })
+	s.noteGone(err)
+	return out, err
 }
 
 // Values lists the records as List does, without their keys and
 // revisions: what a table of them needs, in one copy less.
 func (s *Store[T]) Values(ctx context.Context) ([]T, error) {
-	return list(ctx, s, listBatch, func(_ *rawRecord, v T) T { return v })
+	out, err := list(ctx, s, listBatch, func(_ *rawRecord, v T) T { return v })
+	s.noteGone(err)
+	return out, err
 }
 
 // list reads every record of a store, each made into an E, pulling
@@ -523,14 +530,27 @@ func list[T, E any](ctx context.Context, s *Store[T], batchSize int, as func(*ra
 	}
 	var (
 		parts []*[]E
-		wg    sync.WaitGroup
+		err   error
 	)
-	err := s.pullLast(ctx, batchSize, func(batch []rawRecord) {
-		part := new([]E)
-		parts = append(parts, part)
-		wg.Go(func() { *part = decodeAll(batch, as) })
-	})
-	wg.Wait()
+	// A cluster between two leaders, or a server that has just started,
+	// may fail a listing ("no responders"): it is made again from the
+	// start, as an operator would run `nodepool list` again.
+	for failures := 0; ; failures++ {
+		var wg sync.WaitGroup
+		parts = nil
+		err = s.pullLast(ctx, batchSize, func(batch []rawRecord) {
+			part := new([]E)
+			parts = append(parts, part)
+			wg.Go(func() { *part = decodeAll(batch, as) })
+		})
+		wg.Wait()
+		if err == nil || !natsretry.Transient(err) || ctx.Err() != nil || failures+1 >= listTries {
+			break
+		}
+		if !wait.Sleep(ctx, wait.Backoff(failures)) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -555,12 +575,15 @@ type rawRecord struct {
 	rev  uint64
 }
 
-// listBatch is how many messages one pull of List asks for, listIdle how
+// listTries is how many times a listing that failed for a passing
+// reason (natsretry.Transient) is made, listBatch how many messages one
+// pull of List asks for, listIdle how
 // long the server keeps the consumer of a pull that stopped,
 // listResets how many times a pull may make its consumer again (every
 // fetch does once), and listFetchWait how long one fetch, of messages
 // that are all there, may take.
 const (
+	listTries     = 5
 	listBatch     = 10000
 	listIdle      = 30 * time.Second
 	listResets    = 3

@@ -58,6 +58,9 @@ type watchLoop struct {
 	// created is when the bucket's stream the sinks hold the records of
 	// was made.
 	created time.Time
+	// missing, if set, is told the name of the bucket's stream while the
+	// bucket is missing (Store.Reporting).
+	missing func(stream string)
 }
 
 // run watches the bucket until ctx ends, restarting the watch where it
@@ -75,6 +78,9 @@ func (l *watchLoop) run(ctx context.Context) {
 		if bucketMissing(err) {
 			if missing == 0 {
 				l.log.Info("the bucket is missing; watching it again once it is made again")
+			}
+			if l.missing != nil {
+				l.missing("KV_" + l.kv.Bucket())
 			}
 			if !wait.Sleep(ctx, min(wait.Backoff(missing), time.Second)) {
 				break
@@ -258,8 +264,8 @@ type Feed struct {
 
 // newFeed makes a feed of a bucket; feedCache adds its caches, before
 // any of them starts.
-func newFeed(bucket jetstream.KeyValue, log *slog.Logger) *Feed {
-	return &Feed{loop: watchLoop{kv: bucket, log: log.With("bucket", bucket.Bucket())}}
+func newFeed(bucket jetstream.KeyValue, missing func(stream string), log *slog.Logger) *Feed {
+	return &Feed{loop: watchLoop{kv: bucket, log: log.With("bucket", bucket.Bucket()), missing: missing}}
 }
 
 // feedCache makes a cache of a store's keys fed by f (the store must be
@@ -285,7 +291,17 @@ type ImageCaches struct {
 
 // NewImageCaches makes the caches of the images bucket, fed by one watch.
 func NewImageCaches(bucket jetstream.KeyValue, log *slog.Logger) *ImageCaches {
-	f := newFeed(bucket, log)
+	return newImageCaches(bucket, nil, log)
+}
+
+// ImageCaches makes the caches of the images bucket, fed by one watch
+// that reports the bucket missing as the buckets' stores do.
+func (b *Buckets) ImageCaches(log *slog.Logger) *ImageCaches {
+	return newImageCaches(b.Images, b.missing, log)
+}
+
+func newImageCaches(bucket jetstream.KeyValue, missing func(stream string), log *slog.Logger) *ImageCaches {
+	f := newFeed(bucket, missing, log)
 	s := NewImageStores(bucket)
 	return &ImageCaches{
 		Images:  feedCache(f, s.Images, log),

@@ -172,3 +172,101 @@ func TestEnsureBucketsTwiceWarnsOfRealDifferencesOnly(t *testing.T) {
 	}
 	logs.Wait(t, remakeWithin, "WARN bucket exists with other settings", "bucket="+cfg.Bucket, "differs=[history]")
 }
+
+// told collects the streams a store or a cache reported missing.
+type told struct{ ch chan string }
+
+func newTold() *told { return &told{ch: make(chan string, 100)} }
+
+func (m *told) missing(stream string) {
+	select {
+	case m.ch <- stream:
+	default:
+	}
+}
+
+// wait waits until stream is reported.
+func (m *told) wait(t *testing.T, stream string) {
+	t.Helper()
+	deadline := time.After(remakeWithin)
+	for {
+		select {
+		case got := <-m.ch:
+			if got != stream {
+				t.Fatalf("reported %q missing, want %q", got, stream)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("%s was not reported missing within %s", stream, remakeWithin)
+		}
+	}
+}
+
+// A store's calls and its caches' watches report its bucket missing when
+// it is deleted (the process's keeper then makes it again at once); a
+// store of buckets that are there reports nothing.
+func TestStoresReportTheirBucketMissing(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log, _ := logtest.New(t)
+	m := newTold()
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1, LeaseTTL: time.Second, Missing: m.missing}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Nodes.Create(t.Context(), "0000000001", &kv.Node{State: kv.NodeBuilding}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Nodes.Get(t.Context(), "0000000002"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("reading a key that is not there: %v, want ErrNotFound", err)
+	}
+	select {
+	case s := <-m.ch:
+		t.Fatalf("%s reported missing while it is there", s)
+	default:
+	}
+
+	t.Run("call", func(t *testing.T) {
+		if err := js.DeleteKeyValue(t.Context(), kv.BucketLocks); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Locks.Create(t.Context(), "x", &kv.LeaseRecord{Holder: "a"}); err == nil {
+			t.Fatal("a write to a deleted bucket succeeded")
+		}
+		m.wait(t, "KV_"+kv.BucketLocks)
+	})
+	t.Run("list", func(t *testing.T) {
+		if err := js.DeleteKeyValue(t.Context(), kv.BucketRequests); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.NewStore[kv.Request](b.Requests.Bucket()).Reporting(m.missing).List(t.Context()); err == nil {
+			t.Fatal("listing a deleted bucket succeeded")
+		}
+		m.wait(t, "KV_"+kv.BucketRequests)
+	})
+	t.Run("cache", func(t *testing.T) {
+		c := kv.NewCache(b.Components, log)
+		stop := c.Start()
+		defer stop()
+		if err := c.WaitSynced(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := js.DeleteKeyValue(t.Context(), kv.BucketComponents); err != nil {
+			t.Fatal(err)
+		}
+		m.wait(t, "KV_"+kv.BucketComponents)
+	})
+	t.Run("images", func(t *testing.T) {
+		img := b.ImageCaches(log)
+		stop := img.Images.Start()
+		defer stop()
+		if err := img.Images.WaitSynced(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := js.DeleteKeyValue(t.Context(), kv.BucketImages); err != nil {
+			t.Fatal(err)
+		}
+		m.wait(t, "KV_"+kv.BucketImages)
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nodepool-nats/nodepool/internal/wait"
@@ -38,6 +39,9 @@ type Store[T any] struct {
 	// js, if set, lets List pull the records in large batches instead of
 	// watching the bucket.
 	js jetstream.JetStream
+	// missing, if set, is told the name of the bucket's stream when a
+	// call or a cache's watch finds the bucket gone (see Reporting).
+	missing func(stream string)
 }
 
 // NewStore wraps a bucket.
@@ -51,7 +55,39 @@ func newStore[T any](js jetstream.JetStream, bucket jetstream.KeyValue) *Store[T
 // Filtered returns a store of the records whose keys match a pattern
 // ("*.*" for two-token keys): List, Keys and caches see only those.
 func (s *Store[T]) Filtered(pattern string) *Store[T] {
-	return &Store[T]{kv: s.kv, keys: pattern, js: s.js}
+	return &Store[T]{kv: s.kv, keys: pattern, js: s.js, missing: s.missing}
+}
+
+// Reporting returns the store whose calls, and the watches of its
+// caches, tell missing (with the name of the bucket's stream, KV_<bucket>)
+// when they find the bucket gone: the process's repair keeper
+// (internal/repair) then looks at once instead of at its next look.
+func (s *Store[T]) Reporting(missing func(stream string)) *Store[T] {
+	c := *s
+	c.missing = missing
+	return &c
+}
+
+// failed is mapErr for the store's calls: an error that may mean the
+// bucket is gone is told to missing first.
+func (s *Store[T]) failed(err error) error {
+	s.noteGone(err)
+	return mapErr(err)
+}
+
+// noteGone tells missing of an error that may mean the bucket is gone.
+func (s *Store[T]) noteGone(err error) {
+	if err != nil && s.missing != nil && mayBeGone(err) {
+		s.missing("KV_" + s.kv.Bucket())
+	}
+}
+
+// mayBeGone reports whether an error of a call on a bucket may mean the
+// bucket is gone: its stream is not found (a watch's consumer says so
+// with the older nats package's error), or no stream took a request.
+func mayBeGone(err error) bool {
+	return bucketMissing(err) || errors.Is(err, nats.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // watch watches the store's keys.
@@ -149,7 +185,7 @@ func Decode[T any](key string, data []byte) (T, error) {
 func (s *Store[T]) Get(ctx context.Context, key string) (Entry[T], error) {
 	e, err := s.kv.Get(ctx, key)
 	if err != nil {
-		return Entry[T]{}, fmt.Errorf("reading %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+		return Entry[T]{}, fmt.Errorf("reading %s/%s: %w", s.kv.Bucket(), key, s.failed(err))
 	}
 	v, err := Decode[T](key, e.Value())
 	if err != nil {
@@ -166,7 +202,7 @@ func (s *Store[T]) Create(ctx context.Context, key string, v *T) (uint64, error)
 	}
 	rev, err := s.kv.Create(ctx, key, data)
 	if err != nil {
-		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, s.failed(err))
 	}
 	return rev, nil
 }
@@ -185,7 +221,7 @@ func (s *Store[T]) CreateNew(ctx context.Context, key string, v *T) (uint64, err
 		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, ErrExists)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+		return 0, fmt.Errorf("creating %s/%s: %w", s.kv.Bucket(), key, s.failed(err))
 	}
 	return rev, nil
 }
@@ -197,7 +233,7 @@ func (s *Store[T]) CreateNew(ctx context.Context, key string, v *T) (uint64, err
 func (s *Store[T]) LastDeletion(ctx context.Context, key string) (deleted bool, at time.Time, rev uint64, err error) {
 	h, err := s.kv.History(ctx, key)
 	if err != nil {
-		return false, time.Time{}, 0, fmt.Errorf("reading the history of %s/%s: %w", s.kv.Bucket(), key, mapErr(err))
+		return false, time.Time{}, 0, fmt.Errorf("reading the history of %s/%s: %w", s.kv.Bucket(), key, s.failed(err))
 	}
 	last := h[len(h)-1]
 	if last.Operation() == jetstream.KeyValuePut {
@@ -214,7 +250,7 @@ func (s *Store[T]) Update(ctx context.Context, key string, v *T, rev uint64) (ui
 	}
 	nrev, err := s.kv.Update(ctx, key, data, rev)
 	if err != nil {
-		return 0, fmt.Errorf("updating %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, mapErr(err))
+		return 0, fmt.Errorf("updating %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, s.failed(err))
 	}
 	return nrev, nil
 }
@@ -222,7 +258,7 @@ func (s *Store[T]) Update(ctx context.Context, key string, v *T, rev uint64) (ui
 // Delete removes a record if it is still at revision rev.
 func (s *Store[T]) Delete(ctx context.Context, key string, rev uint64) error {
 	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil {
-		return fmt.Errorf("deleting %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, mapErr(err))
+		return fmt.Errorf("deleting %s/%s at revision %d: %w", s.kv.Bucket(), key, rev, s.failed(err))
 	}
 	return nil
 }
@@ -313,6 +349,7 @@ func (s *Store[T]) Keys(ctx context.Context) ([]string, error) {
 		lister, err = s.kv.ListKeys(ctx)
 	}
 	if err != nil {
+		s.noteGone(err)
 		return nil, fmt.Errorf("listing %s: %w", s.kv.Bucket(), err)
 	}
 	var keys []string

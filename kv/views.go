@@ -74,12 +74,12 @@ func (v *Views) Components(b *Buckets, log *slog.Logger) *Cache[Component] {
 // (new caches over b's if v is nil).
 func (v *Views) Images(b *Buckets, log *slog.Logger) *ImageCaches {
 	if v == nil {
-		return NewImageCaches(b.Images, log)
+		return b.ImageCaches(log)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.images == nil {
-		v.images = NewImageCaches(v.b.Images, v.log)
+		v.images = v.b.ImageCaches(v.log)
 	}
 	return v.images
 }

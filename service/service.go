@@ -138,7 +138,10 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 	if err := events.Ensure(ctx, p.js, s.Replicas, log); err != nil {
 		return nil, err
 	}
-	if p.buckets, err = kv.Ensure(ctx, p.js, kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL}, log); err != nil {
+	// The keeper runs with the roles (Run); made now, the stores, caches
+	// and consumers tell it when they find what they use gone.
+	p.keeper = repair.New(p.js, 0, log)
+	if p.buckets, err = kv.Ensure(ctx, p.js, kv.Options{Replicas: s.Replicas, LeaseTTL: s.LeaseTTL, Missing: p.keeper.Missing}, log); err != nil {
 		return nil, err
 	}
 	if ttl := p.buckets.LeaseTTL; ttl > 0 && ttl != s.LeaseTTL {
@@ -201,7 +204,6 @@ func Start(ctx context.Context, s config.Settings, cfg *config.Config, log *slog
 			return nil, err
 		}
 	}
-	p.keeper = repair.New(p.js, 0, log)
 	p.keep(cfg)
 	ok = true
 	return p, nil
@@ -315,7 +317,7 @@ func NewProvider(ctx context.Context, js jetstream.JetStream, pc *config.Provide
 	log := o.Log
 	switch pc.Driver {
 	case "fake":
-		return fake.New(ctx, js, pc, o.Replicas, log)
+		return fake.New(ctx, js, pc, fake.Options{Replicas: o.Replicas, Missing: o.Buckets.ReportMissing}, log)
 	case "static", "metastatic":
 		b := o.Buckets
 		if b == nil {

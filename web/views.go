@@ -41,7 +41,7 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 	own(&v.Requests, b.Requests, log)
 	own(&v.Components, b.Components, log)
 	if v.Images == nil || v.Builds == nil || v.Uploads == nil {
-		img := kv.NewImageCaches(b.Images, log)
+		img := b.ImageCaches(log)
 		v.Images, v.Builds, v.Uploads = img.Images, img.Builds, img.Uploads
 	}
 	v.History = NewHistory(nil)

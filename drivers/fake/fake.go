@@ -149,13 +149,23 @@ type Provider struct {
 	failUploads int
 }
 
+// Options are what a fake cloud is opened with besides its provider's
+// configuration.
+type Options struct {
+	// Replicas of the cloud's buckets.
+	Replicas int
+	// Missing, if set, is told the name of a bucket's stream when a call
+	// on it finds it gone (kv.Store.Reporting).
+	Missing func(stream string)
+}
+
 // New opens (creating if needed) the fake cloud of a provider and starts
 // watching its instances.
-func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, replicas int, log *slog.Logger) (*Provider, error) {
+func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, o Options, log *slog.Logger) (*Provider, error) {
 	if cfg.Driver != "fake" {
 		return nil, fmt.Errorf("provider %s: driver is %q, not fake", cfg.Name, cfg.Driver)
 	}
-	buckets := BucketConfigs(cfg, replicas)
+	buckets := BucketConfigs(cfg, o.Replicas)
 	bucket, err := kv.EnsureBucket(ctx, js, buckets.Instances, log)
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: opening fake cloud %s: %w", cfg.Name, cfg.Cloud, err)
@@ -167,16 +177,16 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *config.Provider, repl
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: opening fake cloud API counters: %w", cfg.Name, err)
 		}
-		api = kv.NewStore[apiWindow](ab)
+		api = kv.NewStore[apiWindow](ab).Reporting(o.Missing)
 	}
 	p := &Provider{
 		api:   api,
 		cfg:   cfg,
-		store: kv.NewStore[InstanceRecord](bucket),
+		store: kv.NewStore[InstanceRecord](bucket).Reporting(o.Missing),
 		log:   log,
 		rng:   rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 	}
-	if err := p.openImages(ctx, js, buckets.Images); err != nil {
+	if err := p.openImages(ctx, js, buckets.Images, o.Missing); err != nil {
 		return nil, err
 	}
 	p.cache = kv.NewCache(p.store, log)

@@ -23,7 +23,7 @@ func provider(t *testing.T, yaml string) *fake.Provider {
 	}
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	p, err := fake.New(t.Context(), js, &cfg.Providers[0], 1, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p, err := fake.New(t.Context(), js, &cfg.Providers[0], fake.Options{Replicas: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

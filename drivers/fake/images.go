@@ -43,12 +43,12 @@ type ImageRecord struct {
 	Created time.Time         `json:"created"`
 }
 
-func (p *Provider) openImages(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+func (p *Provider) openImages(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, missing func(stream string)) error {
 	bucket, err := kv.EnsureBucket(ctx, js, cfg, p.log)
 	if err != nil {
 		return fmt.Errorf("provider %s: opening the images of fake cloud %s: %w", p.cfg.Name, p.cfg.Cloud, err)
 	}
-	p.images = kv.NewStore[ImageRecord](bucket)
+	p.images = kv.NewStore[ImageRecord](bucket).Reporting(missing)
 	return nil
 }
 

@@ -50,7 +50,11 @@ type Options struct {
 	// FloorEvery is how often the ack floor is read with Resume (0:
 	// floorEvery).
 	FloorEvery time.Duration
-	Log        *slog.Logger
+	// Missing, if set, is told the stream's name when the consumer finds
+	// its stream gone: the process's repair keeper (internal/repair)
+	// makes it again, and the consumer after it.
+	Missing func(stream string)
+	Log     *slog.Logger
 }
 
 // Consumer is a durable consumer that is made again when it is deleted.
@@ -321,6 +325,7 @@ func (c *Consumer) watch() {
 				c.renewed(cons)
 			}
 		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+			c.streamMaybeGone(err)
 			c.repair(&repeats)
 		case c.ctx.Err() == nil:
 			c.log.Debug("could not read the consumer's state", "err", err)
@@ -356,6 +361,7 @@ func (c *Consumer) repair(repeats *wait.Repeats) {
 		if c.ctx.Err() != nil {
 			return
 		}
+		c.streamMaybeGone(err)
 		if failures == 0 {
 			c.log.Warn("the consumer is missing and cannot be made again yet; retrying", "err", err)
 		}
@@ -369,6 +375,14 @@ func (c *Consumer) repair(repeats *wait.Repeats) {
 		c.log.Warn("the consumer was missing; made it again")
 	}
 	c.renewed(cons)
+}
+
+// streamMaybeGone tells Options.Missing of an error that says the stream
+// is gone.
+func (c *Consumer) streamMaybeGone(err error) {
+	if c.opts.Missing != nil && errors.Is(err, jetstream.ErrStreamNotFound) {
+		c.opts.Missing(c.opts.Stream)
+	}
 }
 
 // renewed makes a consumer made again the one to consume from.

@@ -373,3 +373,46 @@ func TestConsumerOfARestartedServerIsTheSame(t *testing.T) {
 		t.Errorf("the consumer the server loaded from its store was taken for one made again: %q", got)
 	}
 }
+
+// A consumer whose stream is deleted tells Options.Missing (the
+// process's keeper then makes the stream again), and consumes from the
+// stream made again.
+func TestConsumerReportsItsStreamMissing(t *testing.T) {
+	js, cfg := setup(t)
+	log, _ := logtest.New(t)
+	missing := make(chan string, 100)
+	c, err := durable.Open(t.Context(), js, durable.Options{Stream: "WORK", Config: consumerConfig(), Log: log,
+		Missing: func(stream string) {
+			select {
+			case missing <- stream:
+			default:
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	r := newReceived()
+	if err := c.Consume(r.handle, jetstream.PullExpiry(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "before")
+	r.wait(t, "before")
+
+	if err := js.DeleteStream(t.Context(), "WORK"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-missing:
+		if got != "WORK" {
+			t.Fatalf("reported %q missing, want WORK", got)
+		}
+	case <-time.After(within):
+		t.Fatalf("the deleted stream was not reported missing within %s", within)
+	}
+	if _, err := js.CreateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "after")
+	r.wait(t, "after")
+}

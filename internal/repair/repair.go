@@ -4,14 +4,20 @@
 // deleted bucket held are gone; the point is that the service goes on
 // working.
 //
-// It looks (one request listing the streams' names) every second, and at
-// once when its connection comes back. The servers also announce a
-// deleted stream ($JS.EVENT.ADVISORY.STREAM.DELETED.<stream>), but not
-// reliably: nats-server v2.15 queues the announcement on the stream's own
-// send queue and closes that queue's loop right after, so under load it
-// is sometimes dropped (stream.go, stop); the look does not depend on it.
-// The last sequence of a followed stream is read again only when the
-// stream was published to: a plain subscription to its subjects says so.
+// A keeper looks (one request listing the streams' names) when it is
+// told that a stream it keeps may be gone, and otherwise asks nothing of
+// the servers while nothing happens. It is told by the process's own
+// parts (Missing: a cache's staleness probe or a call that finds its
+// bucket gone, a consumer that finds its stream gone), by the servers'
+// announcement of a deleted stream ($JS.EVENT.ADVISORY.STREAM.DELETED.<stream>)
+// and by its connection coming back (announcements made meanwhile are
+// lost). Neither source alone is enough: nats-server v2.15 queues the
+// announcement on the stream's own send queue and closes that queue's
+// loop right after, so under load it is sometimes dropped (stream.go,
+// stop), and a stream no part of this process uses is noticed by no part.
+// A look every few minutes (Every) is the safety net. The last sequence
+// of a followed stream is read again only when the stream was published
+// to: a plain subscription to its subjects says so.
 package repair
 
 import (
@@ -21,6 +27,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +39,16 @@ import (
 	"github.com/nodepool-nats/nodepool/internal/wait"
 )
 
-// Every is how often a Keeper looks by default.
-const Every = time.Second
+// Every is how often a Keeper looks by default when nothing asks it to:
+// the safety net for a deletion nothing noticed.
+const Every = 5 * time.Minute
+
+// minGap is the least time between two looks that were asked for.
+const minGap = 100 * time.Millisecond
+
+// deletedAdvisory is the subject prefix of the servers' announcements of
+// a deleted stream; the stream's name follows.
+const deletedAdvisory = "$JS.EVENT.ADVISORY.STREAM.DELETED."
 
 // makeTimeout bounds one try to make a stream again (a cluster without a
 // leader is waited out that long, then the next look tries again).
@@ -125,6 +140,17 @@ func (k *Keeper) Forget(stream string) {
 	k.poke()
 }
 
+// Missing tells the keeper that a stream may be gone (a caller found it
+// missing): if the keeper keeps it, it looks now.
+func (k *Keeper) Missing(stream string) {
+	k.mu.Lock()
+	_, ok := k.kept[stream]
+	k.mu.Unlock()
+	if ok {
+		k.poke()
+	}
+}
+
 // poke asks for a look soon.
 func (k *Keeper) poke() {
 	select {
@@ -140,6 +166,14 @@ func (k *Keeper) Run(ctx context.Context) {
 	status := nc.StatusChanged(nats.CONNECTED)
 	defer nc.RemoveStatusListener(status)
 	defer k.stopFollowers()
+	// The servers' announcements of deleted streams: one kept asks for a
+	// look.
+	sub, err := nc.Subscribe(deletedAdvisory+">", func(m *nats.Msg) { k.Missing(strings.TrimPrefix(m.Subject, deletedAdvisory)) })
+	if err != nil {
+		k.log.Debug("could not subscribe to the announcements of deleted streams; a deletion is noticed by the process's parts or the next look", "err", err)
+	} else {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 
 	// The first look answers the Keeps made before Run.
 	select {
@@ -148,6 +182,7 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 	t := time.NewTimer(k.look(ctx))
 	defer t.Stop()
+	lastLook := time.Now()
 	// A stream published to is read again within a second of the last
 	// read, so that a busy stream costs one read a second.
 	var refresh <-chan time.Time
@@ -158,6 +193,12 @@ func (k *Keeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-k.wake:
+			// Asked again and again (every call on a deleted bucket
+			// tells): at most one look every minGap.
+			if d := minGap - time.Since(lastLook); d > 0 {
+				t.Reset(d)
+				continue
+			}
 		case <-status:
 			// Publications missed while disconnected: read every followed
 			// stream again.
@@ -178,6 +219,7 @@ func (k *Keeper) Run(ctx context.Context) {
 			continue
 		}
 		t.Reset(k.look(ctx))
+		lastLook = time.Now()
 	}
 }
 

@@ -293,3 +293,36 @@ func countOf(ss []string, s string) int {
 	}
 	return n
 }
+
+// A keeper told that a stream it keeps may be missing looks at once,
+// though its periodic look is an hour away.
+func TestKeeperLooksWhenTold(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	if _, err := js.CreateKeyValue(t.Context(), bucketConfig()); err != nil {
+		t.Fatal(err)
+	}
+	log, logs := logtest.New(t)
+	k := repair.New(js, time.Hour, log)
+	keepBucket(k, js)
+	run(t, k)
+	logs.Wait(t, within, "DEBUG bucket things is there")
+
+	looks := make(chan *nats.Msg, 100)
+	sub, err := nc.ChanSubscribe("$JS.API.STREAM.NAMES", looks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		k.Missing("KV_things")
+		select {
+		case <-looks:
+		case <-time.After(within):
+			t.Fatalf("no look within %s of being told", within)
+		}
+	}
+}
