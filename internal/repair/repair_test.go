@@ -193,15 +193,7 @@ func TestKeeperReadsWhatIsPublishedTo(t *testing.T) {
 	logs.Wait(t, within, "DEBUG stream NODEPOOL_REQUESTS is there", "last_sequence=0")
 
 	// Every API request from now on (ours: publishing is not one).
-	api := make(chan *nats.Msg, 1000)
-	sub, err := nc.ChanSubscribe("$JS.API.>", api)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	api := requests(t, nc, "$JS.API.>")
 	for range 3 {
 		if _, err := js.Publish(t.Context(), events.NewRequestSubject, []byte(`{"labels": ["x"]}`)); err != nil {
 			t.Fatal(err)
@@ -284,6 +276,22 @@ func TestKeeperLooksWhenTheConnectionComesBack(t *testing.T) {
 	}, waitfor.Every(20*time.Millisecond))
 }
 
+// requests are the API requests on subject from now on, for the test's
+// length.
+func requests(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 1000)
+	sub, err := nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 func countOf(ss []string, s string) int {
 	n := 0
 	for _, x := range ss {
@@ -308,15 +316,7 @@ func TestKeeperLooksWhenTold(t *testing.T) {
 	run(t, k)
 	logs.Wait(t, within, "DEBUG bucket things is there")
 
-	looks := make(chan *nats.Msg, 100)
-	sub, err := nc.ChanSubscribe("$JS.API.STREAM.NAMES", looks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	looks := requests(t, nc, "$JS.API.STREAM.NAMES")
 	for range 3 {
 		k.Missing("KV_things")
 		select {
