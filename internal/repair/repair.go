@@ -43,8 +43,11 @@ import (
 // the safety net for a deletion nothing noticed.
 const Every = 5 * time.Minute
 
-// minGap is the least time between two looks that were asked for.
-const minGap = 100 * time.Millisecond
+// minGap is the least time between two looks that were asked for: in a
+// cluster busy with restarts, every failed call of every part may ask,
+// and a process then looks at most as often as it did when it looked
+// every second whatever happened.
+const minGap = time.Second
 
 // deletedAdvisory is the subject prefix of the servers' announcements of
 // a deleted stream; the stream's name follows.
@@ -193,8 +196,8 @@ func (k *Keeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-k.wake:
-			// Asked again and again (every call on a deleted bucket
-			// tells): at most one look every minGap.
+			// Asked again and again (every failed call tells): at
+			// most one look every minGap.
 			if d := minGap - time.Since(lastLook); d > 0 {
 				t.Reset(d)
 				continue
