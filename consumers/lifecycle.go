@@ -404,11 +404,33 @@ func (lc *lifecycle) resumeOwn(ctx context.Context) {
 		}
 		return true
 	})
-	for _, e := range own {
+	lc.resumeAll(ctx, own, func(ctx context.Context, e kv.Entry[kv.Node]) {
 		if err := lc.reconcile(ctx, e, ""); err != nil {
 			lc.l.log.Debug("could not resume node; its change or cleanup brings it back", "node", e.Key, "err", err)
 		}
+	})
+}
+
+// resumeParallel bounds how many nodes resumeAll resumes at once.
+const resumeParallel = 8
+
+// resumeAll runs resume for each node, resumeParallel at a time, and
+// returns when every one has returned: after a fence, or a cluster busy
+// electing leaders, each resumption's writes may take a second, and a
+// process resuming its nodes one after the other left the last of ten
+// waiting ten seconds (TestClusterNodesLeaderKilled, a node deleting for
+// 22 s).
+func (lc *lifecycle) resumeAll(ctx context.Context, nodes []kv.Entry[kv.Node], resume func(context.Context, kv.Entry[kv.Node])) {
+	sem := make(chan struct{}, resumeParallel)
+	var wg sync.WaitGroup
+	for _, e := range nodes {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			resume(ctx, e)
+		})
 	}
+	wg.Wait()
 }
 
 // watchOwn resumes, every sync interval, the nodes that name this process
@@ -445,12 +467,12 @@ func (lc *lifecycle) watchOwn(ctx context.Context) {
 				delete(stalled, id)
 			}
 		}
-		for _, e := range due {
+		lc.resumeAll(ctx, due, func(ctx context.Context, e kv.Entry[kv.Node]) {
 			lc.l.log.Info("resuming a node of this process that had no machine", "node", e.Key, "state", e.Value.State)
 			if err := lc.reconcile(ctx, e, ""); err != nil {
 				lc.l.log.Debug("could not resume node", "node", e.Key, "err", err)
 			}
-		}
+		})
 	}
 }
 
