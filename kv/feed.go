@@ -289,19 +289,11 @@ type ImageCaches struct {
 	Uploads *Cache[ImageUpload]
 }
 
-// NewImageCaches makes the caches of the images bucket, fed by one watch.
-func NewImageCaches(bucket jetstream.KeyValue, log *slog.Logger) *ImageCaches {
-	return newImageCaches(bucket, nil, log)
-}
-
 // ImageCaches makes the caches of the images bucket, fed by one watch
 // that reports the bucket missing as the buckets' stores do.
 func (b *Buckets) ImageCaches(log *slog.Logger) *ImageCaches {
-	return newImageCaches(b.Images, b.missing, log)
-}
-
-func newImageCaches(bucket jetstream.KeyValue, missing func(stream string), log *slog.Logger) *ImageCaches {
-	f := newFeed(bucket, missing, log)
+	bucket := b.Images
+	f := newFeed(bucket, b.missing, log)
 	s := NewImageStores(bucket)
 	return &ImageCaches{
 		Images:  feedCache(f, s.Images, log),

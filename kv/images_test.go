@@ -16,7 +16,7 @@ import (
 
 // The three kinds of image records share one bucket; each typed store and
 // each cache sees only its own kind, whether the caches watch their keys
-// each or are fed by one watch of the whole bucket (NewImageCaches, what
+// each or are fed by one watch of the whole bucket (Buckets.ImageCaches, what
 // a process runs: one consumer on the server for all three).
 func TestImageStoresSeeOnlyTheirKind(t *testing.T) {
 	t.Parallel()
@@ -63,7 +63,7 @@ func imageStoresSeeOnlyTheirKind(t *testing.T, fed bool) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	images, uploads := kv.NewCache(s.Images, log), kv.NewCache(s.Uploads, log)
 	if fed {
-		c := kv.NewImageCaches(b.Images, log)
+		c := b.ImageCaches(log)
 		images, uploads = c.Images, c.Uploads
 	}
 	ctx, cancel := context.WithCancel(ctx)

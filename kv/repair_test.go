@@ -188,17 +188,13 @@ func (m *told) missing(stream string) {
 // wait waits until stream is reported.
 func (m *told) wait(t *testing.T, stream string) {
 	t.Helper()
-	deadline := time.After(remakeWithin)
-	for {
-		select {
-		case got := <-m.ch:
-			if got != stream {
-				t.Fatalf("reported %q missing, want %q", got, stream)
-			}
-			return
-		case <-deadline:
-			t.Fatalf("%s was not reported missing within %s", stream, remakeWithin)
+	select {
+	case got := <-m.ch:
+		if got != stream {
+			t.Fatalf("reported %q missing, want %q", got, stream)
 		}
+	case <-time.After(remakeWithin):
+		t.Fatalf("%s was not reported missing within %s", stream, remakeWithin)
 	}
 }
 
