@@ -30,6 +30,17 @@ func NewLockKeeperForTest(c *Conn) LockKeeper {
 func (k LockKeeper) Hold(id string, l *Lock) { k.br.hold(id, l) }
 func (k LockKeeper) Held(id string) *Lock    { return k.br.heldLock(id) }
 
+// SessionChanged is what the bridge does on the notice of a new session
+// about its locks.
+func (k LockKeeper) SessionChanged() { k.br.dropLocksOfOtherSessions() }
+
+// OfSessionForTest is l as if taken under another session.
+func (l *Lock) OfSessionForTest(session int64) *Lock {
+	forged := *l
+	forged.session = session
+	return &forged
+}
+
 // KnowRequestForTest records a request znode as read (data), as a watch
 // that then missed its deletion leaves it.
 func (br *Bridge) KnowRequestForTest(id string, data []byte) {

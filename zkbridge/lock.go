@@ -267,6 +267,11 @@ func (l *Lock) Release() error {
 	return nil
 }
 
+// forget stops counting the lock as held by this process, without a
+// call to the server: its contender is gone already (deleted with its
+// directory).
+func (l *Lock) forget() { l.c.track(l.dir, l.node, false) }
+
 // Holder reads the identifier of the contender that holds the lock of dir
 // ("" and false when nobody does).
 func (c *Conn) Holder(dir string) (string, bool, error) {

@@ -424,6 +424,7 @@ func (br *Bridge) deleteZnode(zkNode string) error {
 		}
 		return err
 	}
+	lock.forget() // its contender went with the znode
 	br.log.Debug("node znode deleted", "node", zkNode)
 	return nil
 }

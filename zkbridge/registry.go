@@ -345,10 +345,29 @@ func (br *Bridge) pausedPools() map[string]bool {
 // process held (another process may hold them now) and what was read
 // under it; everything is looked at again.
 func (br *Bridge) sessionChanged() {
-	br.mu.Lock()
-	br.held = map[string]*Lock{}
-	br.mu.Unlock()
+	br.dropLocksOfOtherSessions()
 	for _, id := range br.tree.requestIDs() {
 		br.queue.add(requestKey(id))
+	}
+}
+
+// dropLocksOfOtherSessions forgets the request locks of sessions other
+// than the current one. The notice of a new session comes after workers
+// may already have taken locks under it (registering the pools goes
+// first): those are kept. Dropping them too left their contenders marked
+// as held by this process (Conn's live), so that neither this process
+// (AdoptOrphan does not adopt what a step holds) nor another could take
+// the lock while the session lived: after a ZooKeeper restart, requests
+// stayed pending or requested for minutes in
+// TestZuulKillBridgesAndZooKeeper, both bridges finding them "locked by
+// another contender".
+func (br *Bridge) dropLocksOfOtherSessions() {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	for id, l := range br.held {
+		if l.session != l.c.Session() {
+			delete(br.held, id)
+			l.c.track(l.dir, l.node, false)
+		}
 	}
 }

@@ -207,3 +207,54 @@ func TestLockBeingWithdrawnIsNotAdopted(t *testing.T) {
 	}
 	_ = again.Release()
 }
+
+// The notice of a new session comes after the bridge's workers may have
+// taken locks under it (the pools are registered again first). Those
+// locks are the bridge's: the notice drops only the locks of other
+// sessions, and what it drops is no longer counted as held by a step of
+// the process, so that an orphaned contender of it can be adopted. When
+// the notice dropped every lock, a lock of the new session was lost but
+// still counted as held: neither bridge could take the request again
+// while the session lived (TestZuulKillBridgesAndZooKeeper after the
+// ZooKeeper restart, a loaded run at 79d9a9e: two requests pending or
+// requested for 120 s, "locked by another contender").
+func TestNewSessionsLocksSurviveItsLateNotice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	c := newZuulClient(t, e).c
+	k := zkbridge.NewLockKeeperForTest(c)
+
+	const current = zkbridge.RequestLocksPath + "/200-0000000004"
+	l, err := c.TryLock(current, zkbridge.LockIdentifierPrefix+"test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Hold("200-0000000004", l)
+
+	// A lock the process holds whose Lock says an older session (its
+	// contender is this session's, so that what the drop leaves can be
+	// seen through AdoptOrphan).
+	const old = zkbridge.RequestLocksPath + "/200-0000000005"
+	taken, err := c.TryLock(old, zkbridge.LockIdentifierPrefix+"test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Hold("200-0000000005", taken.OfSessionForTest(c.Session()+1))
+
+	k.SessionChanged()
+	if got := k.Held("200-0000000004"); got != l {
+		t.Fatalf("after the late notice of its session, the lock held is %v, want the one taken under it", got)
+	}
+	if got, err := c.AdoptOrphan(current); err != nil || got != nil {
+		t.Fatalf("AdoptOrphan of a lock still held: %v %v, want none", got, err)
+	}
+	if got := k.Held("200-0000000005"); got != nil {
+		t.Fatalf("a lock of another session is still held after the notice: %v", got)
+	}
+	adopted, err := c.AdoptOrphan(old)
+	if err != nil || adopted == nil || adopted.Node() != taken.Node() {
+		t.Fatalf("AdoptOrphan of the contender of a dropped lock: %v %v, want %s (it must not stay counted as held)", adopted, err, taken.Node())
+	}
+	_ = adopted.Release()
+	_ = l.Release()
+}
