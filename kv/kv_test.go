@@ -26,7 +26,7 @@ func buckets(t *testing.T) *kv.Buckets {
 }
 
 // bucketsJS is buckets with the connection's JetStream context.
-func bucketsJS(t *testing.T) (*kv.Buckets, jetstream.JetStream) {
+func bucketsJS(t testing.TB) (*kv.Buckets, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
