@@ -131,14 +131,37 @@ func TestSecondDaemonOnOneDataDirExits(t *testing.T) {
 	_ = third.stop(syscall.SIGTERM, 30*time.Second)
 }
 
+// givesUpConfig is slowBootConfig with a label per case of
+// TestRequestorThatGivesUpFreesItsNodes: the node a case leaves to boot
+// on, free, must not serve the next case's request once ready (the
+// requestor then takes it at once, and a node taken is the requestor's:
+// a run at a load average of 7 killed the command after it took a node
+// the first case left, and the test waited for that node to be free).
+const givesUpConfig = `
+labels:
+  - name: timeout
+  - name: interrupt
+  - name: killed
+providers:
+  - name: cloud1
+    driver: fake
+    boot-delay: 8
+    delete-delay: 0.2
+    pools:
+      - name: main
+        max-servers: 5
+        labels: [timeout, interrupt, killed]
+`
+
 // A `nodepool request` that gives up (past --timeout, interrupted, or
-// killed and its lease run out) leaves nothing allocated to it: its
-// request is deleted and its node goes back to the pool.
+// killed and its lease run out) while its node boots leaves nothing
+// allocated to it: its request is deleted and its node goes back to the
+// pool.
 func TestRequestorThatGivesUpFreesItsNodes(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
 	url := srv.ClientURL()
-	cfg := writeConfig(t, slowBootConfig)
+	cfg := writeConfig(t, givesUpConfig)
 	l := startRun(t, launcherEnv(url, "launcher-1"), "-c", cfg)
 	l.waitLog("launcher running", 60*time.Second)
 	rec := watchRecords(t, url, "cloud1")
@@ -156,7 +179,7 @@ func TestRequestorThatGivesUpFreesItsNodes(t *testing.T) {
 		{"killed", []string{"--lease", "3s"}, func(p *exec.Cmd) { _ = p.Process.Kill() }},
 	} {
 		id := "gives-up-" + tc.name
-		cmd := exec.Command(binary, append([]string{"request", "--id", id, "small"}, tc.args...)...)
+		cmd := exec.Command(binary, append([]string{"request", "--id", id, tc.name}, tc.args...)...)
 		cmd.Env = os.Environ()
 		for k, v := range cli {
 			cmd.Env = append(cmd.Env, k+"="+v)
