@@ -239,8 +239,10 @@ type records struct {
 	instances *kv.Cache[fake.InstanceRecord]
 	// instanceStore reads the instances from the server (not the watch).
 	instanceStore *kv.Store[fake.InstanceRecord]
-	client        *client.Client
-	js            jetstream.JetStream
+	// cloud is the provider whose instances these are.
+	cloud  string
+	client *client.Client
+	js     jetstream.JetStream
 }
 
 func watchRecords(t *testing.T, url, cloud string) *records {
@@ -248,7 +250,7 @@ func watchRecords(t *testing.T, url, cloud string) *records {
 	_, c := connectClient(t, url)
 	js := c.JetStream()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := &records{t: t, client: c, js: js,
+	r := &records{t: t, client: c, js: js, cloud: cloud,
 		nodes: kv.NewCache(c.Buckets().Nodes, log), requests: kv.NewCache(c.Buckets().Requests, log)}
 	runs := []func(context.Context) error{r.nodes.Run, r.requests.Run}
 	if cloud != "" {
