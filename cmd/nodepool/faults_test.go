@@ -137,21 +137,10 @@ func TestSecondDaemonOnOneDataDirExits(t *testing.T) {
 // requestor then takes it at once, and a node taken is the requestor's:
 // a run at a load average of 7 killed the command after it took a node
 // the first case left, and the test waited for that node to be free).
-const givesUpConfig = `
-labels:
-  - name: timeout
-  - name: interrupt
-  - name: killed
-providers:
-  - name: cloud1
-    driver: fake
-    boot-delay: 8
-    delete-delay: 0.2
-    pools:
-      - name: main
-        max-servers: 5
-        labels: [timeout, interrupt, killed]
-`
+var givesUpConfig = strings.NewReplacer(
+	"  - name: small\n", "  - name: timeout\n  - name: interrupt\n  - name: killed\n",
+	"labels: [small]", "labels: [timeout, interrupt, killed]",
+).Replace(slowBootConfig)
 
 // A `nodepool request` that gives up (past --timeout, interrupted, or
 // killed and its lease run out) while its node boots leaves nothing
