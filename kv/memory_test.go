@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,12 +14,22 @@ import (
 )
 
 // nodeRecord is a node record as the fake cloud's launches leave them in
-// the bucket (the fields that differ between nodes differ here too).
-func nodeRecord(i int) []byte {
+// the bucket (the members that differ between nodes differ here too).
+func nodeRecord(i int) *kv.Node {
 	id := fmt.Sprintf("n%012d", i)
 	ip := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
-	return fmt.Appendf(nil, `{"id":%q,"state":"ready","labels":["bench"],"provider":"bench","pool":"main","cloud":"bench","region":"fake-region","az":"fake-az","external_id":"i-%016x","hostname":"np%s","interface_ip":%q,"public_ipv4":%q,"private_ipv4":%q,"public_ipv6":"","connection_type":"ssh","connection_port":22,"username":"zuul","python_path":"auto","shell_type":"sh","host_keys":[],"image_id":"bench","allocated_to":"r%011d","holder":"","lease_until":null,"launcher":"bench-launcher-0","hold_job":"","hold_expiration":null,"comment":"","resources":{"cores":2,"instances":1,"ram":4096},"attributes":{},"driver_data":{"step":"boot","instance":"i-%016x"},"user_data":null,"tenant":"","requestor":"bench","created":"2026-11-27T22:44:09.513263136Z","state_time":"2026-11-27T22:44:11.022841524Z","attempt":1}`,
-		id, i*7919, id, ip, ip, ip, i, i*7919)
+	ext := fmt.Sprintf("i-%016x", i*7919)
+	created := time.Date(2026, 11, 27, 22, 44, 9, 513263136, time.UTC)
+	return &kv.Node{
+		ID: id, State: kv.NodeReady, Labels: []string{"bench"}, Provider: "bench", Pool: "main",
+		Cloud: "bench", Region: "fake-region", AZ: "fake-az", ExternalID: ext, Hostname: "np" + id,
+		InterfaceIP: ip, PublicIPv4: ip, PrivateIPv4: ip, ConnectionType: "ssh", ConnectionPort: 22,
+		Username: "zuul", PythonPath: "auto", ShellType: "sh", HostKeys: []string{}, ImageID: "bench",
+		AllocatedTo: fmt.Sprintf("r%011d", i), Launcher: "bench-launcher-0",
+		Resources:  kv.Resources{Cores: 2, Instances: 1, RAM: 4096},
+		Attributes: map[string]string{}, DriverData: json.RawMessage(`{"step":"boot","instance":"` + ext + `"}`),
+		Requestor: "bench", Created: created, StateTime: created.Add(1509578388 * time.Nanosecond), Attempt: 1,
+	}
 }
 
 // BenchmarkNodeCacheMemory reports the heap a process's cache of the
@@ -30,7 +41,12 @@ func BenchmarkNodeCacheMemory(b *testing.B) {
 	bk, js := bucketsJS(b)
 	ctx := b.Context()
 	for i := range n {
-		if _, err := js.PublishAsync(fmt.Sprintf("$KV.nodepool-nodes.n%012d", i), nodeRecord(i)); err != nil {
+		rec := nodeRecord(i)
+		data, err := json.Marshal(rec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync("$KV."+kv.BucketNodes+"."+rec.ID, data); err != nil {
 			b.Fatal(err)
 		}
 		if i%1000 == 999 || i == n-1 {

@@ -415,7 +415,7 @@ func (br *Bridge) heldLock(zkID string) *Lock {
 		return nil
 	case l.session != l.c.Session():
 		delete(br.held, zkID)
-		l.c.track(l.dir, l.node, false) // gone with its session
+		l.forget() // gone with its session
 		return nil
 	case !l.Valid():
 		return nil

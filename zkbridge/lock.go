@@ -268,8 +268,8 @@ func (l *Lock) Release() error {
 }
 
 // forget stops counting the lock as held by this process, without a
-// call to the server: its contender is gone already (deleted with its
-// directory).
+// call to the server: its contender is gone already (with its session,
+// or deleted with its directory).
 func (l *Lock) forget() { l.c.track(l.dir, l.node, false) }
 
 // Holder reads the identifier of the contender that holds the lock of dir

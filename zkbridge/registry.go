@@ -367,7 +367,7 @@ func (br *Bridge) dropLocksOfOtherSessions() {
 	for id, l := range br.held {
 		if l.session != l.c.Session() {
 			delete(br.held, id)
-			l.c.track(l.dir, l.node, false)
+			l.forget()
 		}
 	}
 }
