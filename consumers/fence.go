@@ -48,8 +48,42 @@ func (l *Launcher) elapsed() time.Duration { return l.clock.Since(l.born) }
 func (l *Launcher) beaten(sent time.Duration) {
 	for {
 		prev := l.lastBeat.Load()
-		if int64(sent) <= prev || l.lastBeat.CompareAndSwap(prev, int64(sent)) {
+		if int64(sent) <= prev {
 			return
+		}
+		if l.lastBeat.CompareAndSwap(prev, int64(sent)) {
+			l.renewedMu.Lock()
+			close(l.renewed)
+			l.renewed = make(chan struct{})
+			l.renewedMu.Unlock()
+			return
+		}
+	}
+}
+
+// awaitUnfenced waits until this process is not fenced (at once when it
+// is not) or ctx ends, and reports which. A fenced process pulls no
+// work: a launch or a delete waits in the stream for a process that can
+// drive it, instead of being handed to this one to be given back (under
+// load, every launcher of a cluster fenced in turn, and a delete handed
+// round among them waited seconds each time for its ack wait). Only a
+// heartbeat ends fencing, so it waits for one. work names what is not
+// pulled meanwhile, for the log.
+func (l *Launcher) awaitUnfenced(ctx context.Context, work string) bool {
+	for said := false; ; said = true {
+		l.renewedMu.Lock()
+		renewed := l.renewed
+		l.renewedMu.Unlock()
+		if !l.fenced() {
+			return true
+		}
+		if !said {
+			l.log.Debug("fenced: pulling no work until a heartbeat renews this process", "work", work)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-renewed:
 		}
 	}
 }
@@ -124,6 +158,18 @@ func (l *Launcher) fenced() bool {
 func (l *Launcher) untilFenced() time.Duration {
 	return time.Duration(l.lastBeat.Load()) + l.fenceAfter() - l.elapsed()
 }
+
+// pullWait is how long a pull of work may wait for messages: at most
+// until this process would fence itself without another heartbeat (a
+// fenced process does not pull; awaitUnfenced), and no less than
+// minPullWait.
+func (l *Launcher) pullWait() time.Duration {
+	return max(min(workPullExpiry, l.untilFenced()), minPullWait)
+}
+
+// minPullWait is the shortest pull of work: a process about to fence
+// itself without a heartbeat (one on its way renews it) pulls this long.
+const minPullWait = time.Second
 
 // stopMachines cancels every machine running here; they stop at once,
 // without another cloud call. Their nodes keep naming this process: it

@@ -5,10 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/nodepool-nats/nodepool/config"
+	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/clock"
 	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
+	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
@@ -87,5 +91,73 @@ func TestFencedTwoThirdsOfTheTTLAfterTheLastHeartbeat(t *testing.T) {
 	}
 	if !l.fenced() {
 		t.Error("not fenced past two thirds of the TTL after the last heartbeat")
+	}
+}
+
+// A fenced launcher pulls no work: a delete waits in the stream, asked
+// for by nobody, until a heartbeat renews the process, and is then
+// pulled and done at once. The clock is a fake one; the launcher is
+// fenced from the start (no heartbeat yet).
+func TestFencedLauncherPullsNoWork(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	log, rec := logtest.New(t)
+	b, err := kv.Ensure(t.Context(), js, kv.Options{Replicas: 1}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Ensure(t.Context(), js, 1, log); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse("test.yaml", []byte("labels: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	l, err := NewLauncher(js, b, Options{ID: "me", Config: cfg, Log: log, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.fenced() {
+		t.Fatal("a launcher that has sent no heartbeat is not fenced")
+	}
+	cons, err := l.lifecycle.openDeletes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The delete of a node that is gone: whoever pulls it acknowledges it.
+	if _, err := js.PublishMsg(t.Context(), events.WorkMsg(events.KindDelete, "c", "gone1", 7)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.lifecycle.startDeletes(t.Context(), cons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	rec.Wait(t, 10*time.Second, "fenced: pulling no work", "work=deletes")
+	info := func() *jetstream.ConsumerInfo {
+		t.Helper()
+		c, err := js.Consumer(t.Context(), events.WorkStream, events.DeleteConsumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i, err := c.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	if i := info(); i.Delivered.Consumer != 0 || i.NumWaiting != 0 || i.NumPending != 1 {
+		t.Fatalf("fenced, the launcher pulled: %d delivered, %d pulls waiting, %d pending", i.Delivered.Consumer, i.NumWaiting, i.NumPending)
+	}
+
+	l.beaten(l.elapsed()) // a heartbeat: no longer fenced
+	waitfor.Until(t, 10*time.Second, "the delete pulled and acknowledged once renewed", func() bool {
+		i := info()
+		return i.AckFloor.Consumer == 1 && i.NumPending == 0 && i.NumAckPending == 0
+	})
+	if i := info(); i.Delivered.Consumer != 1 {
+		t.Errorf("the delete was delivered %d times, want once", i.Delivered.Consumer)
 	}
 }

@@ -123,6 +123,10 @@ type Launcher struct {
 	// the last successful heartbeat was sent (fence.go).
 	born     time.Time
 	lastBeat atomic.Int64
+	// renewedMu guards renewed, closed and replaced each time lastBeat
+	// moves on (awaitUnfenced waits on it).
+	renewedMu sync.Mutex
+	renewed   chan struct{}
 	// unanswered are heartbeats whose answer did not come in time, which
 	// may have landed all the same (fence.go).
 	unanswered unansweredBeats
@@ -180,6 +184,7 @@ func NewLauncher(js jetstream.JetStream, b *kv.Buckets, opts Options) (*Launcher
 		quotas:     map[string]*kv.CloudQuota{},
 		beat:       make(chan struct{}, 1),
 		born:       opts.Clock.Now(),
+		renewed:    make(chan struct{}),
 		runners:    map[string]*runner{},
 	}
 	snap, err := l.newSnapshot(opts.Config, opts.Providers)

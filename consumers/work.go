@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,8 +25,9 @@ import (
 // Each launcher of a provider pulls launches from the provider's durable
 // consumer only as many at a time as it has free launch slots: launches
 // beyond max-concurrency wait in the stream, delivered to nobody. Deletes
-// free capacity and are never held back: every launcher takes them from
-// one durable consumer as they come. A message is acknowledged once the
+// free capacity and are not held back behind launches: every launcher
+// takes them from one durable consumer as they come, as many at a time as
+// it has delete slots. A fenced process pulls neither (awaitUnfenced). A message is acknowledged once the
 // claim of its node is written; from then on the node's record is the
 // work (a launcher that dies is handed back by cleanup, which makes a new
 // revision and so a new message). A node's own writes are no work: a
@@ -183,14 +185,14 @@ func (lc *lifecycle) pullLaunches(ctx context.Context, provider string) {
 	defer cons.Stop()
 	s := lc.slotsOf(provider)
 	for failures := 0; ctx.Err() == nil; {
-		if !s.take(ctx) {
+		if !lc.l.awaitUnfenced(ctx, "launches of provider "+provider) || !s.take(ctx) {
 			return
 		}
 		n := 1
 		for n < maxPull && s.tryTake() {
 			n++
 		}
-		got, err := cons.Fetch(ctx, n, workPullExpiry, func(m jetstream.Msg) {
+		got, err := cons.Fetch(ctx, n, lc.l.pullWait(), func(m jetstream.Msg) {
 			lc.wg.Go(func() { lc.handleWork(ctx, m, events.KindLaunch, provider) })
 		})
 		for range n - got {
@@ -324,9 +326,72 @@ func (lc *lifecycle) openDeletes(ctx context.Context) (*durable.Consumer, error)
 	return cons, nil
 }
 
-// startDeletes takes the deletes of the delete consumer as they come.
+// deleteSlots bounds the deletes a process takes at once: a delete's
+// handler only claims the node (its machine runs apart), so this bounds
+// claims in flight, not machines.
+const deleteSlots = 64
+
+// startDeletes takes the deletes of the delete consumer as they come, as
+// many at a time as it has free delete slots, while the process is not
+// fenced (awaitUnfenced): a delete pulled by a process that cannot drive
+// it would be given back, and one waiting behind a busy handler would
+// wait out its ack wait before anyone else had it.
 func (lc *lifecycle) startDeletes(ctx context.Context, cons *durable.Consumer) (stoppable, error) {
-	return startWorkers(ctx, cons, 16, workPullExpiry, func(m jetstream.Msg) string { return m.Subject() }, lc.handleDelete)
+	pullCtx, cancel := context.WithCancel(ctx)
+	p := &deletePuller{cons: cons, cancel: cancel, slots: newSlots(deleteSlots)}
+	p.loop.Go(func() { lc.pullDeletes(pullCtx, ctx, p) })
+	return p, nil
+}
+
+// deletePuller is the loop that pulls deletes, and the handlers it
+// started.
+type deletePuller struct {
+	cons     *durable.Consumer
+	cancel   context.CancelFunc
+	slots    *slots
+	loop     sync.WaitGroup
+	handlers sync.WaitGroup
+}
+
+// Stop stops pulling and waits for the handlers in progress; what was
+// taken and not acknowledged is delivered again.
+func (p *deletePuller) Stop() {
+	p.cancel()
+	p.loop.Wait()
+	p.handlers.Wait()
+	p.cons.Stop()
+}
+
+// pullDeletes pulls until ctx ends; the handlers run with runCtx (the
+// launcher's), which Stop does not cancel: it waits for them.
+func (lc *lifecycle) pullDeletes(ctx, runCtx context.Context, p *deletePuller) {
+	for failures := 0; ctx.Err() == nil; {
+		if !lc.l.awaitUnfenced(ctx, "deletes") || !p.slots.take(ctx) {
+			return
+		}
+		n := 1
+		for n < deleteSlots && p.slots.tryTake() {
+			n++
+		}
+		got, err := p.cons.Fetch(ctx, n, lc.l.pullWait(), func(m jetstream.Msg) {
+			p.handlers.Go(func() {
+				defer p.slots.give()
+				lc.handleDelete(runCtx, m)
+			})
+		})
+		for range n - got {
+			p.slots.give()
+		}
+		if err == nil {
+			failures = 0
+			continue
+		}
+		if !errors.Is(err, durable.ErrUnavailable) && ctx.Err() == nil {
+			lc.l.log.Warn("could not pull deletes; trying again", "err", err)
+		}
+		wait.Sleep(ctx, wait.Backoff(failures))
+		failures++
+	}
 }
 
 // followMachines looks at each change of a node whose machine runs here
