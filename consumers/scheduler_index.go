@@ -11,8 +11,8 @@ import "github.com/nodepool-nats/nodepool/kv"
 // A change is applied only if it is newer than what the index holds for
 // its key (revisions compared), so the index never goes back to an older
 // record than it has seen, whatever order changes arrive in. The term
-// rebuilds its index from scratch every sync interval, so a change missed
-// for any reason heals.
+// audits its index against the caches every sync interval (audit), so a
+// change missed for any reason heals.
 type poolIndex struct {
 	provider, pool string
 
@@ -149,6 +149,97 @@ func (ix *poolIndex) applyNode(ch kv.Change[kv.Node]) {
 				ix.free[label] = map[string]bool{}
 			}
 			ix.free[label][ch.Key] = true
+		}
+	}
+}
+
+// audit brings the index in line with the records the caches hold (each
+// of nodes and requests yields every record, has tells whether the cache
+// holds a key): a record the index holds at another revision than the
+// cache, or lacks, is indexed again as the cache holds it; one the cache
+// no longer holds is dropped; and the revisions remembered for deleted
+// keys are forgotten (a bucket made again starts its revisions from
+// one). It returns how many records it indexed again or dropped. The
+// caches' entries are never changed in place and the index holds the
+// same pointers, so a record in line costs one lookup: building the index
+// again, which this replaces, made a change of every record and used 0.7
+// s of CPU every 5 s with 100,000 nodes. Changes queued meanwhile are
+// applied after, and only if newer.
+func (ix *poolIndex) audit(
+	nodes func(func(*kv.Entry[kv.Node]) bool), hasNode func(string) bool,
+	requests func(func(*kv.Entry[kv.Request]) bool), hasRequest func(string) bool,
+) (healed int) {
+	seen := 0
+	nodes(func(e *kv.Entry[kv.Node]) bool {
+		seen++
+		if ix.nodes[e.Key] != e {
+			ix.reindexNode(e.Key, e)
+			healed++
+		}
+		return true
+	})
+	if len(ix.nodes) > seen {
+		for key := range ix.nodes {
+			if !hasNode(key) {
+				ix.reindexNode(key, nil)
+				healed++
+			}
+		}
+	}
+	seen = 0
+	requests(func(e *kv.Entry[kv.Request]) bool {
+		seen++
+		if ix.requests[e.Key] != e {
+			ix.reindexRequest(e.Key, e)
+			healed++
+		}
+		return true
+	})
+	if len(ix.requests) > seen {
+		for key := range ix.requests {
+			if !hasRequest(key) {
+				ix.reindexRequest(key, nil)
+				healed++
+			}
+		}
+	}
+	clear(ix.goneNodes)
+	clear(ix.goneRequests)
+	return healed
+}
+
+// reindexNode drops what the index holds for a node and indexes e (nil:
+// nothing) in its place, whatever their revisions.
+func (ix *poolIndex) reindexNode(key string, e *kv.Entry[kv.Node]) {
+	if old := ix.nodes[key]; old != nil {
+		ix.applyNode(kv.Change[kv.Node]{Key: key, Old: old, Revision: old.Revision})
+	}
+	delete(ix.goneNodes, key)
+	if e != nil {
+		ix.applyNode(kv.Change[kv.Node]{Key: key, New: e, Revision: e.Revision})
+	}
+}
+
+// reindexRequest is reindexNode for a request.
+func (ix *poolIndex) reindexRequest(key string, e *kv.Entry[kv.Request]) {
+	if old := ix.requests[key]; old != nil {
+		ix.applyRequest(kv.Change[kv.Request]{Key: key, Old: old, Revision: old.Revision})
+	}
+	delete(ix.goneRequests, key)
+	if e != nil {
+		ix.applyRequest(kv.Change[kv.Request]{Key: key, New: e, Revision: e.Revision})
+	}
+}
+
+// lookAgain has the next pass look at every pending request of the pool
+// and every node allocated to a request, as if each had just changed.
+func (ix *poolIndex) lookAgain() {
+	for key := range ix.pending {
+		ix.dirty[key] = true
+	}
+	for _, nodes := range ix.byRequest {
+		for id := range nodes {
+			ix.suspects[id] = true
 		}
 	}
 }

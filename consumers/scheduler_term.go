@@ -76,7 +76,7 @@ func (t *term) run(ctx context.Context) {
 		case <-imgWatch.C():
 		case <-t.jobs.doneC:
 		case <-tick.C:
-			t.rebuild()
+			t.audit()
 			if len(t.unsized) > 0 {
 				t.readSizes()
 			}
@@ -141,12 +141,14 @@ func (t *term) unsubscribe() {
 	t.l.nodes.Unsubscribe(t.nodeSub)
 }
 
-// rebuild drops the index and builds it again from the caches, as a safety
-// net under the incremental indexing: a change it missed heals here. Every
-// pending request and every allocated node is looked at again on the next
-// pass.
-func (t *term) rebuild() {
-	t.unsubscribe()
-	t.idx = newPoolIndex(t.prov.Name, t.pool.Name)
-	t.subscribe()
+// audit checks the index against the caches, as a safety net under the
+// incremental indexing: a change it missed heals here (poolIndex.audit).
+// Every pending request and every allocated node is looked at again on
+// the next pass.
+func (t *term) audit() {
+	t.takeChanges()
+	if healed := t.idx.audit(t.l.nodes.Range, t.l.nodes.Has, t.l.requests.Range, t.l.requests.Has); healed > 0 {
+		t.log.Debug("the pool's index was behind its caches; indexed again", "records", healed)
+	}
+	t.idx.lookAgain()
 }
