@@ -109,7 +109,8 @@ func (t *term) freeOrphaned(ctx context.Context) {
 			continue
 		}
 		if r, ok := ix.requests[n.AllocatedTo]; !ok || r.Value.State == kv.RequestFailed || !slices.Contains(r.Value.Nodes, id) {
-			jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeNode(ctx, id, n.AllocatedTo) })
+			failed := ok && r.Value.State == kv.RequestFailed
+			jobs.spawn(ctx, jobDone{keys: []string{id}}, func(ctx context.Context) { s.freeOrphan(ctx, id, n.AllocatedTo, failed) })
 		}
 	}
 }

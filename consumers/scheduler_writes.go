@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodepool-nats/nodepool/internal/wait"
 	"github.com/nodepool-nats/nodepool/kv"
 	"github.com/nodepool-nats/nodepool/metrics"
 )
@@ -81,21 +82,86 @@ func (s *scheduler) serveFromReady(ctx context.Context, id string, plan []slot) 
 		r.SetState(kv.RequestFulfilled, now)
 		r.Provider, r.Pool = s.prov.Name, s.pool.Name
 		r.Reason = ""
-		r.Nodes = make([]string, len(r.Labels))
-		for _, sl := range plan {
-			r.Nodes[sl.index] = sl.node
-		}
+		r.Nodes = planNodes(r, plan)
 		return nil
 	})
+	if errors.Is(err, kv.ErrSkip) || errors.Is(err, kv.ErrNotFound) {
+		undo() // nothing was written
+		return
+	}
 	if err != nil {
-		if !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
-			s.log.Warn("could not fulfil request", "request", id, "err", err)
+		// The write may have landed all the same (its answer lost, or
+		// late): the nodes are given back only once it cannot land any
+		// more, or they would be handed to another request while this
+		// one, fulfilled after all, lists them.
+		if ctx.Err() != nil {
+			return // left allocated: the next leader's pass settles them
 		}
-		undo()
+		s.log.Warn("could not fulfil request; settling whether the write landed", "request", id, "err", err)
+		landed, err := settleRequest(ctx, s.l.b.Requests, s.l.requests, id, func(r *kv.Request) bool {
+			return r.State == kv.RequestFulfilled && slices.Equal(r.Nodes, planNodes(r, plan))
+		})
+		switch {
+		case err != nil:
+			s.log.Warn("could not settle a request's fulfilment; its nodes stay allocated to it until a pass can", "request", id, "err", err)
+		case landed:
+			s.fulfilled(cached.Value.Created, id, plan...)
+		default:
+			undo()
+		}
 		return
 	}
 	s.fulfilled(cached.Value.Created, id, plan...)
 }
+
+// planNodes is the node list a fulfilment of r by plan writes.
+func planNodes(r *kv.Request, plan []slot) []string {
+	nodes := make([]string, len(r.Labels))
+	for _, sl := range plan {
+		if sl.index < len(nodes) {
+			nodes[sl.index] = sl.node
+		}
+	}
+	return nodes
+}
+
+// settleRequest makes sure that no write of request id sent before it can
+// land any more, and reports whether one did: whether the request, read
+// afresh from the server, is as listed says. A write whose answer never
+// came (a timeout, a lost connection) may land later on a loaded cluster;
+// giving back the nodes of a fulfilment in that doubt handed them to a
+// second request while the first, fulfilled after all, listed them
+// (TestClusterNodesLeaderKilled under load). Writing the request again,
+// unchanged, at the revision it is read at closes the door: a write sent
+// earlier was made at that revision or an older one, and is refused from
+// then on. A request that is gone takes no write either.
+func settleRequest(ctx context.Context, store *kv.Store[kv.Request], cache *kv.Cache[kv.Request], id string, listed func(*kv.Request) bool) (bool, error) {
+	var err error
+	for n := range settleTries {
+		if n > 0 && !wait.Sleep(ctx, wait.Backoff(n-1)) {
+			return false, ctx.Err()
+		}
+		var e kv.Entry[kv.Request]
+		e, err = store.Get(ctx, id)
+		if errors.Is(err, kv.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			continue
+		}
+		cache.Apply(e)
+		if listed(&e.Value) {
+			return true, nil
+		}
+		if _, err = cache.Update(ctx, id, &e.Value, e.Revision); err == nil {
+			return false, nil
+		}
+	}
+	return false, fmt.Errorf("settling request %s: %w", id, err)
+}
+
+// settleTries bounds the reads and writes of settleRequest.
+const settleTries = 5
 
 // replan replaces the nodes of some slots of a pending request.
 func (s *scheduler) replan(ctx context.Context, id string, old []string, plan []slot) {
@@ -354,6 +420,29 @@ func (s *scheduler) freeNode(ctx context.Context, nodeID, request string) {
 	if err != nil && !errors.Is(err, kv.ErrSkip) && !errors.Is(err, kv.ErrNotFound) && ctx.Err() == nil {
 		s.log.Warn("could not free node", "node", nodeID, "err", err)
 	}
+}
+
+// freeOrphan frees a node allocated to a request that did not list it
+// when the pass looked (or is gone, or failed), once no write of that
+// request sent earlier can make it list the node (settleRequest): a
+// fulfilment whose answer was lost may land after the pass looked. A
+// failed request stays failed whatever comes late.
+func (s *scheduler) freeOrphan(ctx context.Context, nodeID, request string, failed bool) {
+	if !failed {
+		listed, err := settleRequest(ctx, s.l.b.Requests, s.l.requests, request, func(r *kv.Request) bool {
+			return r.State != kv.RequestFailed && slices.Contains(r.Nodes, nodeID)
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Debug("could not settle the request of an allocated node; freeing it later", "node", nodeID, "request", request, "err", err)
+			}
+			return
+		}
+		if listed {
+			return
+		}
+	}
+	s.freeNode(ctx, nodeID, request)
 }
 
 // failBroken fails a request that could not be handled (its handling

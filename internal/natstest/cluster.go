@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -41,21 +42,10 @@ type member struct {
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, name: fmt.Sprintf("nodepool-test-%d", time.Now().UnixNano()%1e9)}
-	// Every member gets its client and route ports before any starts, so
-	// each can list all the others' routes and keep its ports on restart.
-	ports, err := freeport.Ports(2 * n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var routes []string
-	for i := range n {
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[2*i+1]))
-	}
 	for i := range n {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
-			Port:       ports[2*i],
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			NoSigs:     true,
@@ -63,17 +53,30 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			Cluster: server.ClusterOpts{
 				Name: c.name,
 				Host: "127.0.0.1",
-				Port: ports[2*i+1],
 			},
-			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 		}
 		c.members = append(c.members, &member{opts: opts})
 	}
-	// JetStream in a cluster waits for its peers to start: start them all
-	// before waiting on any.
+	// Every member gets its client and route ports before any starts, so
+	// each can list all the others' routes and keep its ports on restart.
+	// A port found free may be taken before its server listens on it (an
+	// outgoing connection of a test beside this one gets it): the member
+	// is then given new ports and started again.
+	if err := c.choosePorts(c.members...); err != nil {
+		t.Fatal(err)
+	}
 	for i := range c.members {
-		if err := c.start(i); err != nil {
-			t.Fatal(err)
+		for tries := 1; ; tries++ {
+			err := c.start(i)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errPortTaken) || tries == maxPortTries {
+				t.Fatal(err)
+			}
+			if err := c.choosePorts(c.members[i]); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	t.Cleanup(func() {
@@ -91,16 +94,64 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-func (c *Cluster) start(i int) error {
-	m := c.members[i]
-	ns, err := server.NewServer(m.opts.Clone())
+// maxPortTries is how many times a member is started on new ports when
+// one of its ports was taken.
+const maxPortTries = 5
+
+// errPortTaken: a server could not listen on one of its ports.
+var errPortTaken = errors.New("a port of the server was taken")
+
+// choosePorts gives members new client and route ports, and every
+// member the routes of all (a member that runs keeps its own until it
+// starts again; the cluster's gossip tells it the new routes meanwhile).
+func (c *Cluster) choosePorts(members ...*member) error {
+	ports, err := freeport.Ports(2 * len(members))
 	if err != nil {
-		return fmt.Errorf("starting nats-server %s: %w", m.opts.ServerName, err)
+		return err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, m := range members {
+		m.opts.Port, m.opts.Cluster.Port = ports[2*i], ports[2*i+1]
+	}
+	var routes []string
+	for _, m := range c.members {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", m.opts.Cluster.Port))
+	}
+	for _, m := range c.members {
+		m.opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+	}
+	return nil
+}
+
+func (c *Cluster) start(i int) error {
+	c.mu.Lock()
+	m := c.members[i]
+	opts := m.opts.Clone()
+	c.mu.Unlock()
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("starting nats-server %s: %w", opts.ServerName, err)
+	}
+	// A server that cannot listen says so as a fatal error, and then
+	// never becomes ready.
+	fatal := &fatalLog{err: make(chan string, 1)}
+	ns.SetLogger(fatal, false, false)
 	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
+	ready := make(chan bool, 1)
+	go func() { ready <- ns.ReadyForConnections(30 * time.Second) }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			ns.Shutdown()
+			return fmt.Errorf("nats-server %s did not start", opts.ServerName)
+		}
+	case msg := <-fatal.err:
 		ns.Shutdown()
-		return fmt.Errorf("nats-server %s did not start", m.opts.ServerName)
+		if strings.Contains(msg, "Error listening") {
+			return fmt.Errorf("nats-server %s: %w: %s", opts.ServerName, errPortTaken, msg)
+		}
+		return fmt.Errorf("nats-server %s did not start: %s", opts.ServerName, msg)
 	}
 	c.mu.Lock()
 	m.ns = ns
@@ -108,11 +159,29 @@ func (c *Cluster) start(i int) error {
 	return nil
 }
 
+// fatalLog is a test server's logger: it keeps quiet but for its first
+// fatal error, which it hands over.
+type fatalLog struct {
+	err  chan string
+	once sync.Once
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.once.Do(func() { l.err <- fmt.Sprintf(format, v...) })
+}
+func (*fatalLog) Noticef(string, ...any) {}
+func (*fatalLog) Warnf(string, ...any)   {}
+func (*fatalLog) Errorf(string, ...any)  {}
+func (*fatalLog) Debugf(string, ...any)  {}
+func (*fatalLog) Tracef(string, ...any)  {}
+
 // Size is the number of members, running or not.
 func (c *Cluster) Size() int { return len(c.members) }
 
 // URL is the client URL of member i (it keeps it across restarts).
 func (c *Cluster) URL(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return fmt.Sprintf("nats://127.0.0.1:%d", c.members[i].opts.Port)
 }
 
