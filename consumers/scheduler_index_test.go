@@ -34,16 +34,23 @@ func TestPoolIndexIgnoresOlderChanges(t *testing.T) {
 			for _, ch := range tc.changes {
 				ix.applyNode(ch)
 			}
-			if got := ix.free["small"]["n1"]; got != tc.free {
-				t.Errorf("free: %v, want %v", got, tc.free)
-			}
-			if got := ix.byRequest["r1"]["n1"]; got != tc.alloc {
-				t.Errorf("allocated to r1: %v, want %v", got, tc.alloc)
-			}
-			if ix.used.poolUsed.Instances != tc.used || ix.used.provUsed.Instances != tc.used {
-				t.Errorf("usage: pool %d, provider %d instances, want %d", ix.used.poolUsed.Instances, ix.used.provUsed.Instances, tc.used)
-			}
+			checkN1(t, ix, tc.free, tc.alloc, tc.used)
 		})
+	}
+}
+
+// checkN1 checks how the index holds node n1: free in the pool,
+// allocated to r1, and the instances counted.
+func checkN1(t *testing.T, ix *poolIndex, free, alloc bool, used int) {
+	t.Helper()
+	if got := ix.free["small"]["n1"]; got != free {
+		t.Errorf("free: %v, want %v", got, free)
+	}
+	if got := ix.byRequest["r1"]["n1"]; got != alloc {
+		t.Errorf("allocated to r1: %v, want %v", got, alloc)
+	}
+	if ix.used.poolUsed.Instances != used || ix.used.provUsed.Instances != used {
+		t.Errorf("usage: pool %d, provider %d instances, want %d", ix.used.poolUsed.Instances, ix.used.provUsed.Instances, used)
 	}
 }
 
@@ -123,15 +130,7 @@ func TestPoolIndexAuditHealsMissedChanges(t *testing.T) {
 			if healed != tc.healed {
 				t.Errorf("healed %d records, want %d", healed, tc.healed)
 			}
-			if got := ix.free["small"]["n1"]; got != tc.free {
-				t.Errorf("free: %v, want %v", got, tc.free)
-			}
-			if got := ix.byRequest["r1"]["n1"]; got != tc.alloc {
-				t.Errorf("allocated to r1: %v, want %v", got, tc.alloc)
-			}
-			if ix.used.poolUsed.Instances != tc.used || ix.used.provUsed.Instances != tc.used {
-				t.Errorf("usage: pool %d, provider %d instances, want %d", ix.used.poolUsed.Instances, ix.used.provUsed.Instances, tc.used)
-			}
+			checkN1(t, ix, tc.free, tc.alloc, tc.used)
 			if (ix.nodes["n1"] != nil) != (tc.cached != nil) || (tc.cached != nil && ix.nodes["n1"] != tc.cached) {
 				t.Errorf("the index holds %+v for n1, the cache %+v", ix.nodes["n1"], tc.cached)
 			}
