@@ -27,15 +27,16 @@ import (
 // beyond max-concurrency wait in the stream, delivered to nobody. Deletes
 // free capacity and are not held back behind launches: every launcher
 // takes them from one durable consumer as they come, as many at a time as
-// it has delete slots. A fenced process pulls neither (awaitUnfenced). A message is acknowledged once the
-// claim of its node is written; from then on the node's record is the
-// work (a launcher that dies is handed back by cleanup, which makes a new
-// revision and so a new message). A node's own writes are no work: a
-// node's life is two deliveries, its launch and its delete.
+// it has delete slots. A fenced process pulls neither (awaitUnfenced). A
+// message is acknowledged once the claim of its node is written; from
+// then on the node's record is the work (a launcher that dies is handed
+// back by cleanup, which makes a new revision and so a new message). A
+// node's own writes are no work: a node's life is two deliveries, its
+// launch and its delete.
 
 // A work message is acknowledged once its claim is written, a moment
 // after it came, so its ack wait is short; and a pull lasts workPullExpiry
-// only. A process cut off from NATS (a partition: the server still sees
+// at most (pullWait). A process cut off from NATS (a partition: the server still sees
 // its pulls) takes what comes to its pulls until they expire, and that
 // comes back only after the ack wait: both bound how long work waits for
 // a process that cannot do it (about 10 s). The cost is an idle process
