@@ -66,6 +66,18 @@ func setup(t *testing.T) (jetstream.JetStream, jetstream.StreamConfig) {
 	return js, cfg
 }
 
+// makeAgain makes a deleted stream again, as the process's repair
+// keeper does: trying again while the server refuses it, for a moment
+// after the deletion, with "error creating store for stream" (it was
+// still removing the old one's store; seen under load).
+func makeAgain(t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	waitfor.UntilErr(t, within, "the stream made again", func(ctx context.Context) (bool, error) {
+		_, err := js.CreateStream(ctx, cfg)
+		return err == nil, err
+	}, waitfor.Every(50*time.Millisecond))
+}
+
 func publish(t *testing.T, js jetstream.JetStream, payload string) {
 	t.Helper()
 	if _, err := js.Publish(t.Context(), "work.x", []byte(payload)); err != nil {
@@ -209,9 +221,7 @@ func TestConsumerOfAStreamMadeAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs.Wait(t, within, "the consumer is missing and cannot be made again yet")
-	if _, err := js.CreateStream(t.Context(), cfg); err != nil {
-		t.Fatal(err)
-	}
+	makeAgain(t, js, cfg)
 	publish(t, js, "new-1") // sequence 1 of the new stream
 	logs.Wait(t, within, "the consumer was missing; made it again")
 	r.wait(t, "new-1")
@@ -410,9 +420,7 @@ func TestConsumerReportsItsStreamMissing(t *testing.T) {
 	case <-time.After(within):
 		t.Fatalf("the deleted stream was not reported missing within %s", within)
 	}
-	if _, err := js.CreateStream(t.Context(), cfg); err != nil {
-		t.Fatal(err)
-	}
+	makeAgain(t, js, cfg)
 	publish(t, js, "after")
 	r.wait(t, "after")
 }
