@@ -42,13 +42,31 @@ import (
 // a process that cannot do it (about 10 s). The cost is an idle process
 // pulling twelve times a minute per work consumer.
 //
-// The ack wait grows to 10 s from the second delivery on, and no more: the
-// server picks it by the delivery count, NAKs included, so a message that
-// was NAKed a few times (its node's launcher not yet known to be gone) and
-// then delivered to a process that died waited 30 s or a minute for the
-// next one (TestChaos, under load: nodes handed back were deleted only
-// 30 s later). NAKs have delays of their own (redeliveryDelay).
-var workAckWait = []time.Duration{5 * time.Second, 10 * time.Second}
+// The ack wait is the same for every delivery (no BackOff). With a
+// BackOff, the server honours a NAK's delay only on a first delivery: it
+// sets the delivery's time to now, less the consumer's AckWait, plus the
+// delay (nats-server's processNak), then waits the BackOff of the
+// delivery count from that time (checkPending). With 5 s then 10 s, a
+// delete given back with a delay of 0.3 s on its second or later delivery
+// came back 5.3 s later: a delete handed round launchers that fenced in
+// turn waited seconds each time (TestChaos under load, 11 s in one).
+// TestWorkNAKDelayHoldsOnLaterDeliveries holds it. Earlier, the wait grew
+// to 30 s and a minute: a message NAKed a few times, then delivered to a
+// process that died, waited that long.
+const workAckWait = 5 * time.Second
+
+// workConsumer is the configuration of a durable consumer of the work
+// stream: the work consumers' ack wait and delivery bound.
+func workConsumer(name, description, subjects string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   description,
+		FilterSubject: subjects,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       workAckWait,
+		MaxDeliver:    lifecycleMaxDeliver,
+	}
+}
 
 const workPullExpiry = 5 * time.Second
 
@@ -233,16 +251,8 @@ func (lc *lifecycle) openLaunches(ctx context.Context, provider string) (*durabl
 // is deleted), with the work consumers' ack wait and delivery bound.
 func (lc *lifecycle) openWork(ctx context.Context, name, description, subjects string) (*durable.Consumer, error) {
 	return durable.Open(ctx, lc.l.js, durable.Options{
-		Stream: events.WorkStream,
-		Config: jetstream.ConsumerConfig{
-			Durable:       name,
-			Description:   description,
-			FilterSubject: subjects,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       workAckWait[0],
-			BackOff:       workAckWait,
-			MaxDeliver:    lifecycleMaxDeliver,
-		},
+		Stream:  events.WorkStream,
+		Config:  workConsumer(name, description, subjects),
 		Missing: lc.l.b.ReportMissing,
 		Log:     lc.l.log,
 	})
