@@ -202,27 +202,34 @@ func (lc *lifecycle) pullLaunches(ctx context.Context, provider string) {
 		return // ctx ended
 	}
 	defer cons.Stop()
-	s := lc.slotsOf(provider)
+	lc.pullWork(ctx, cons, lc.slotsOf(provider), maxPull, "launches of provider "+provider, func(m jetstream.Msg) {
+		lc.wg.Go(func() { lc.handleWork(ctx, m, events.KindLaunch, provider) })
+	})
+}
+
+// pullWork pulls cons until ctx ends, as many messages at a time as s
+// has free slots (most at most), and only while the process is not
+// fenced (awaitUnfenced). handle gets each message with a slot it must
+// give back; what names the work, for the log.
+func (lc *lifecycle) pullWork(ctx context.Context, cons *durable.Consumer, s *slots, most int, what string, handle func(jetstream.Msg)) {
 	for failures := 0; ctx.Err() == nil; {
-		if !lc.l.awaitUnfenced(ctx, "launches of provider "+provider) || !s.take(ctx) {
+		if !lc.l.awaitUnfenced(ctx, what) || !s.take(ctx) {
 			return
 		}
 		n := 1
-		for n < maxPull && s.tryTake() {
+		for n < most && s.tryTake() {
 			n++
 		}
-		got, err := cons.Fetch(ctx, n, lc.l.pullWait(), func(m jetstream.Msg) {
-			lc.wg.Go(func() { lc.handleWork(ctx, m, events.KindLaunch, provider) })
-		})
+		got, err := cons.Fetch(ctx, n, lc.l.pullWait(), handle)
 		for range n - got {
-			lc.release(provider)
+			s.give()
 		}
 		if err == nil {
 			failures = 0
 			continue
 		}
 		if !errors.Is(err, durable.ErrUnavailable) && ctx.Err() == nil {
-			lc.l.log.Warn("could not pull launches; trying again", "provider", provider, "err", err)
+			lc.l.log.Warn("could not pull work; trying again", "work", what, "err", err)
 		}
 		wait.Sleep(ctx, wait.Backoff(failures))
 		failures++
@@ -376,33 +383,12 @@ func (p *deletePuller) Stop() {
 // pullDeletes pulls until ctx ends; the handlers run with runCtx (the
 // launcher's), which Stop does not cancel: it waits for them.
 func (lc *lifecycle) pullDeletes(ctx, runCtx context.Context, p *deletePuller) {
-	for failures := 0; ctx.Err() == nil; {
-		if !lc.l.awaitUnfenced(ctx, "deletes") || !p.slots.take(ctx) {
-			return
-		}
-		n := 1
-		for n < deleteSlots && p.slots.tryTake() {
-			n++
-		}
-		got, err := p.cons.Fetch(ctx, n, lc.l.pullWait(), func(m jetstream.Msg) {
-			p.handlers.Go(func() {
-				defer p.slots.give()
-				lc.handleDelete(runCtx, m)
-			})
+	lc.pullWork(ctx, p.cons, p.slots, deleteSlots, "deletes", func(m jetstream.Msg) {
+		p.handlers.Go(func() {
+			defer p.slots.give()
+			lc.handleDelete(runCtx, m)
 		})
-		for range n - got {
-			p.slots.give()
-		}
-		if err == nil {
-			failures = 0
-			continue
-		}
-		if !errors.Is(err, durable.ErrUnavailable) && ctx.Err() == nil {
-			lc.l.log.Warn("could not pull deletes; trying again", "err", err)
-		}
-		wait.Sleep(ctx, wait.Backoff(failures))
-		failures++
-	}
+	})
 }
 
 // followMachines looks at each change of a node whose machine runs here
