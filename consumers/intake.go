@@ -96,18 +96,8 @@ func (l *Launcher) openIntake(ctx context.Context) (*durable.Consumer, error) {
 	// messages whose requests were served and deleted long ago (their
 	// delete markers purged) would be recorded again.
 	cons, err := durable.Open(ctx, l.js, durable.Options{
-		Stream: events.RequestsStream,
-		Config: jetstream.ConsumerConfig{
-			Durable:        IntakeConsumer,
-			Description:    "records node requests",
-			FilterSubjects: []string{events.NewRequestSubject, events.OwnedRequestSubjects},
-			AckPolicy:      jetstream.AckExplicitPolicy,
-			AckWait:        ackWaitBackoff[0],
-			BackOff:        ackWaitBackoff,
-			MaxDeliver:     intakeMaxDeliver,
-			MaxAckPending:  10000,
-			DeliverPolicy:  jetstream.DeliverAllPolicy,
-		},
+		Stream:  events.RequestsStream,
+		Config:  intakeConsumer(),
 		Missing: l.b.ReportMissing,
 		Resume:  true,
 		// A consumer made again delivers again what was acknowledged
@@ -120,6 +110,27 @@ func (l *Launcher) openIntake(ctx context.Context) (*durable.Consumer, error) {
 		return nil, fmt.Errorf("creating intake consumer: %w", err)
 	}
 	return cons, nil
+}
+
+// intakeConsumer is the configuration of the intake's durable consumer.
+// Its ack wait is the same for every delivery (no BackOff), as the work
+// consumers' is (workAckWait says why): with a BackOff of 10 s, 30 s, 1
+// min and 2 min, a request message given back with 2 s on its second
+// delivery came back after 22 s, and the deliveries of a request that
+// could not be recorded spread over about 16 minutes, not the 4 that
+// intakeDelay's delays add up to. TestIntakeNAKDelayHoldsOnLaterDeliveries
+// holds it.
+func intakeConsumer() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        IntakeConsumer,
+		Description:    "records node requests",
+		FilterSubjects: []string{events.NewRequestSubject, events.OwnedRequestSubjects},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        intakeAckWait,
+		MaxDeliver:     intakeMaxDeliver,
+		MaxAckPending:  10000,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	}
 }
 
 // startIntake records the requests of the intake's consumer as they come.

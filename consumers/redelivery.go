@@ -7,9 +7,9 @@ import (
 
 // Redelivery bounds of the worker groups. A message is delivered again when
 // its handler could not commit its effect (it is NAKed with a delay that
-// grows with each delivery) or did not answer within the ack wait (the
-// server waits longer each time, BackOff). Past MaxDeliver the server stops
-// delivering it, so nothing loops for ever:
+// grows with each delivery) or did not answer within the consumer's ack
+// wait. Past MaxDeliver the server stops delivering it, so nothing loops
+// for ever:
 //
 //   - intake: at most intakeMaxDeliver deliveries, NAKed 1 s doubling up to
 //     1 min (about 4 minutes in all); the last delivery records the
@@ -27,12 +27,12 @@ const (
 	lifecycleMaxDeliver = 100
 )
 
-// ackWaitBackoff is the ack wait of the first deliveries of a message whose
-// handler did not answer (a process killed mid-message, or a message that
-// was on its way when the consumer's server went away, which only this
-// wait brings back): 10 s, then longer. The handlers are quick (a launch
-// or a delete runs on after its claim is acknowledged).
-var ackWaitBackoff = []time.Duration{10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute}
+// intakeAckWait is how long the intake's consumer waits for the answer
+// to a delivery before it delivers the message again (a process killed
+// mid-message, or a message that was on its way when the consumer's
+// server went away, which only this wait brings back). The handler is
+// quick: one KV write.
+const intakeAckWait = 10 * time.Second
 
 // backoff is base doubling with each delivery after the first, at most
 // limit, less up to a quarter at random so that messages NAKed together do

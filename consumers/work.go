@@ -50,7 +50,7 @@ import (
 // delete given back with a delay of 0.3 s on its second or later delivery
 // came back 5.3 s later: a delete handed round launchers that fenced in
 // turn waited seconds each time (TestChaos under load, 11 s in one).
-// TestWorkNAKDelayHoldsOnLaterDeliveries holds it. Earlier, the wait grew
+// TestNAKDelayHoldsOnLaterDeliveries holds it. Earlier, the wait grew
 // to 30 s and a minute: a message NAKed a few times, then delivered to a
 // process that died, waited that long.
 const workAckWait = 5 * time.Second
