@@ -3,8 +3,6 @@ package aws_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/nodepool-nats/nodepool/events"
 	"github.com/nodepool-nats/nodepool/internal/awsbody"
 	devaws "github.com/nodepool-nats/nodepool/internal/devcloud/aws"
+	"github.com/nodepool-nats/nodepool/internal/logtest"
 	"github.com/nodepool-nats/nodepool/internal/natstest"
 	"github.com/nodepool-nats/nodepool/internal/waitfor"
 	"github.com/nodepool-nats/nodepool/kv"
@@ -36,6 +35,7 @@ type system struct {
 	client *client.Client
 	nodes  *kv.Cache[kv.Node]
 	reqs   *kv.Cache[kv.Request]
+	log    *logtest.Recorder // the launcher's
 }
 
 func startSystem(t *testing.T, k devaws.Knobs, yaml string) *system {
@@ -50,7 +50,7 @@ func startSystem(t *testing.T, k devaws.Knobs, yaml string) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, rec := logtest.New(t)
 	creds := credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", "")
 	opts := awsdriver.Options{Endpoint: srv.URL(), Credentials: creds, RetryMaxAttempts: 2, PollInterval: 20 * time.Millisecond, SweepInterval: time.Nanosecond, Log: log}
 	drv, err := awsdriver.New(t.Context(), &cfg.Providers[0], opts)
@@ -84,7 +84,7 @@ func startSystem(t *testing.T, k devaws.Knobs, yaml string) *system {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	s := &system{t: t, cloud: cloud, client: c, nodes: kv.NewCache(b.Nodes, log), reqs: kv.NewCache(b.Requests, log),
+	s := &system{t: t, cloud: cloud, client: c, log: rec, nodes: kv.NewCache(b.Nodes, log), reqs: kv.NewCache(b.Requests, log),
 		ec2: ec2.NewFromConfig(sdkaws.Config{Region: "us-east-1", Credentials: creds, BaseEndpoint: sdkaws.String(srv.URL()), HTTPClient: awsbody.Client(nil)})}
 	for _, start := range []func() func(){s.nodes.Start, s.reqs.Start} {
 		t.Cleanup(start())
