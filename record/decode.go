@@ -13,6 +13,17 @@ import (
 // contract produces: member names match exactly (case-sensitive, as
 // documented), a member named twice and invalid UTF-8 are errors, so a
 // record two readers could read differently is a bad record instead.
+//
+// A node record is read whole into a *Node (a member it lacks is zero,
+// whatever the node held), and, when written as the launcher and
+// encoding/json write one, without the general decoder (decodeNode):
+// faster (docs/benchmarks.md has by how much).
 func Unmarshal(data []byte, v any) error {
+	if n, ok := v.(*Node); ok {
+		if decodeNode(data, n) {
+			return nil
+		}
+		*n = Node{}
+	}
 	return jsonv2.Unmarshal(data, v)
 }
