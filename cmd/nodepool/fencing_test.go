@@ -15,18 +15,22 @@ import (
 	"github.com/nodepool-nats/nodepool/kv"
 )
 
-// fencingConfig: cloud1's launches take 12 s to boot and give up after 10 s
+// fencingConfig: cloud1's launches take 30 s to boot and give up after 28 s
 // (a trap: a launch resumed by another launcher after 2 s or more boots in
 // time; the launcher that started it, were it still driving, would give
 // it up and delete its instance while the other drives it). cloud2 serves
-// the requests made after that.
+// the requests made after that. The boots are long so that the launches
+// are still booting when launcher-1 is cut off, after launcher-2 started:
+// with 12 s, on a loaded machine (a second launcher taking 14 s to start),
+// three of four were ready before the cut, and the test waited for
+// launcher-2 to take over launches that had ended.
 const fencingConfig = `
 labels: [{name: small}, {name: other}]
 providers:
   - name: cloud1
     driver: fake
-    boot-delay: 12
-    boot-timeout: 10
+    boot-delay: 30
+    boot-timeout: 28
     launch-retries: 2
     pools: [{name: main, max-servers: 10, labels: [small]}]
   - name: cloud2

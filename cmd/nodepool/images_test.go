@@ -173,7 +173,10 @@ providers:
 	env := func(id string, builds, uploads int) map[string]string {
 		return map[string]string{
 			"NODEPOOL_NATS_URL": url, "NODEPOOL_ID": id, "NODEPOOL_DATA_DIR": t.TempDir(), "NODEPOOL_HTTP_ADDR": "127.0.0.1:0",
-			"NODEPOOL_LEASE_TTL": "2s", "NODEPOOL_SYNC_INTERVAL": "200ms",
+			// A lease of 6 s: with 2 s, on a loaded machine, builder-a lost
+			// its build's lease (no renewal answered in 1.3 s) and gave the
+			// hanging build up before the test saw it building.
+			"NODEPOOL_LEASE_TTL": "6s", "NODEPOOL_SYNC_INTERVAL": "200ms",
 			"NODEPOOL_BUILD_WORKERS": fmt.Sprint(builds), "NODEPOOL_UPLOAD_WORKERS": fmt.Sprint(uploads),
 		}
 	}
