@@ -266,23 +266,25 @@ func (s *scanner) str() ([]byte, bool) {
 		return nil, false
 	}
 	start := s.i + 1
+	end := bytes.IndexByte(s.b[start:], '"')
+	if end < 0 {
+		return nil, false
+	}
+	v := s.b[start : start+end]
 	ascii := true
-	for j := start; j < len(s.b); j++ {
-		switch c := s.b[j]; {
-		case c == '"':
-			v := s.b[start:j]
-			if !ascii && !utf8.Valid(v) {
-				return nil, false
-			}
-			s.i = j + 1
-			return v, true
-		case c == '\\' || c < 0x20:
+	for _, c := range v {
+		if c < 0x20 || c == '\\' {
 			return nil, false
-		case c >= utf8.RuneSelf:
+		}
+		if c >= utf8.RuneSelf {
 			ascii = false
 		}
 	}
-	return nil, false
+	if !ascii && !utf8.Valid(v) {
+		return nil, false
+	}
+	s.i = start + end + 1
+	return v, true
 }
 
 // stringValue reads a string, or null (which leaves p as it is); shared:
