@@ -20,6 +20,7 @@ import (
 // faster (docs/benchmarks.md has by how much).
 func Unmarshal(data []byte, v any) error {
 	if n, ok := v.(*Node); ok {
+		*n = Node{}
 		if decodeNode(data, n) {
 			return nil
 		}

@@ -13,25 +13,20 @@ import (
 // bridges and encoding/json write one, a byte at a time, without the
 // general decoder's tokens (which are most of the time it takes: 100,000
 // records are read at every start of a launcher and by every `nodepool
-// list`). It reports false, leaving n as it was, for anything else: a
-// string with an escape, a member it does not know, a member named twice,
+// list`). It reports false for anything else: a string with an escape, a member it does not know, a member named twice,
 // a time not in UTC, a number that is not a plain integer, a kubernetes
 // member that is not null, a syntax error. Unmarshal then reads the
 // record with the general decoder, which reads the rest and says what is
-// wrong. What it reads, it reads as the general decoder does
+// wrong (n may then hold part of the record: Unmarshal makes it zero
+// first). What it reads, it reads as the general decoder does
 // (FuzzDecodeNodeAsTheGeneralDecoder).
 func decodeNode(data []byte, n *Node) bool {
 	s := scanner{b: data}
-	var out Node
-	if !s.node(&out) {
+	if !s.node(n) {
 		return false
 	}
 	s.ws()
-	if s.i != len(s.b) {
-		return false
-	}
-	*n = out
-	return true
+	return s.i == len(s.b)
 }
 
 // The members of a node record, by their bit in scanner.node's seen.
@@ -80,69 +75,67 @@ const (
 	mKubernetes
 )
 
-// stringMember is where a member whose value is a string goes, and
-// whether the value is one many nodes share (a provider, a pool, a user
-// name), kept once in the process (unique.Make) instead of once a node.
-func stringMember(n *Node, name []byte) (p *string, bit int, shared bool) {
-	switch string(name) {
-	case "id":
-		return &n.ID, mID, false
-	case "provider":
-		return &n.Provider, mProvider, true
-	case "pool":
-		return &n.Pool, mPool, true
-	case "cloud":
-		return &n.Cloud, mCloud, true
-	case "region":
-		return &n.Region, mRegion, true
-	case "az":
-		return &n.AZ, mAZ, true
-	case "external_id":
-		return &n.ExternalID, mExternalID, false
-	case "hostname":
-		return &n.Hostname, mHostname, false
-	case "interface_ip":
-		return &n.InterfaceIP, mInterfaceIP, false
-	case "public_ipv4":
-		return &n.PublicIPv4, mPublicIPv4, false
-	case "private_ipv4":
-		return &n.PrivateIPv4, mPrivateIPv4, false
-	case "public_ipv6":
-		return &n.PublicIPv6, mPublicIPv6, false
-	case "connection_type":
-		return &n.ConnectionType, mConnectionType, true
-	case "username":
-		return &n.Username, mUsername, true
-	case "python_path":
-		return &n.PythonPath, mPythonPath, true
-	case "shell_type":
-		return &n.ShellType, mShellType, true
-	case "image_id":
-		return &n.ImageID, mImageID, true
-	case "allocated_to":
-		return &n.AllocatedTo, mAllocatedTo, false
-	case "holder":
-		return &n.Holder, mHolder, true
-	case "launcher":
-		return &n.Launcher, mLauncher, true
-	case "hold_job":
-		return &n.HoldJob, mHoldJob, true
-	case "comment":
-		return &n.Comment, mComment, false
-	case "tenant":
-		return &n.Tenant, mTenant, true
-	case "requestor":
-		return &n.Requestor, mRequestor, true
-	case "reason":
-		return &n.Reason, mReason, true
-	case "instance_down":
-		return &n.InstanceDown, mInstanceDown, true
-	case "owner":
-		return &n.Owner, mOwner, true
-	case "zookeeper_id":
-		return &n.ZooKeeperID, mZooKeeperID, false
-	}
-	return nil, -1, false
+// nodeMember is how a member of a node record is read: its bit in
+// scanner.node's seen, and the function that reads its value into the
+// node. Values many nodes share (a provider, a pool, a user name) are kept
+// once in the process (unique.Make) instead of once a node: the second
+// argument of stringValue and strings.
+type nodeMember struct {
+	bit  int
+	read func(s *scanner, n *Node) bool
+}
+
+// nodeMembers are the members of a node record, by name (a table read
+// only).
+var nodeMembers = map[string]nodeMember{
+	"id":              {mID, func(s *scanner, n *Node) bool { return s.stringValue(&n.ID, false) }},
+	"provider":        {mProvider, func(s *scanner, n *Node) bool { return s.stringValue(&n.Provider, true) }},
+	"pool":            {mPool, func(s *scanner, n *Node) bool { return s.stringValue(&n.Pool, true) }},
+	"cloud":           {mCloud, func(s *scanner, n *Node) bool { return s.stringValue(&n.Cloud, true) }},
+	"region":          {mRegion, func(s *scanner, n *Node) bool { return s.stringValue(&n.Region, true) }},
+	"az":              {mAZ, func(s *scanner, n *Node) bool { return s.stringValue(&n.AZ, true) }},
+	"external_id":     {mExternalID, func(s *scanner, n *Node) bool { return s.stringValue(&n.ExternalID, false) }},
+	"hostname":        {mHostname, func(s *scanner, n *Node) bool { return s.stringValue(&n.Hostname, false) }},
+	"interface_ip":    {mInterfaceIP, func(s *scanner, n *Node) bool { return s.stringValue(&n.InterfaceIP, false) }},
+	"public_ipv4":     {mPublicIPv4, func(s *scanner, n *Node) bool { return s.stringValue(&n.PublicIPv4, false) }},
+	"private_ipv4":    {mPrivateIPv4, func(s *scanner, n *Node) bool { return s.stringValue(&n.PrivateIPv4, false) }},
+	"public_ipv6":     {mPublicIPv6, func(s *scanner, n *Node) bool { return s.stringValue(&n.PublicIPv6, false) }},
+	"connection_type": {mConnectionType, func(s *scanner, n *Node) bool { return s.stringValue(&n.ConnectionType, true) }},
+	"username":        {mUsername, func(s *scanner, n *Node) bool { return s.stringValue(&n.Username, true) }},
+	"python_path":     {mPythonPath, func(s *scanner, n *Node) bool { return s.stringValue(&n.PythonPath, true) }},
+	"shell_type":      {mShellType, func(s *scanner, n *Node) bool { return s.stringValue(&n.ShellType, true) }},
+	"image_id":        {mImageID, func(s *scanner, n *Node) bool { return s.stringValue(&n.ImageID, true) }},
+	"allocated_to":    {mAllocatedTo, func(s *scanner, n *Node) bool { return s.stringValue(&n.AllocatedTo, false) }},
+	"holder":          {mHolder, func(s *scanner, n *Node) bool { return s.stringValue(&n.Holder, true) }},
+	"launcher":        {mLauncher, func(s *scanner, n *Node) bool { return s.stringValue(&n.Launcher, true) }},
+	"hold_job":        {mHoldJob, func(s *scanner, n *Node) bool { return s.stringValue(&n.HoldJob, true) }},
+	"comment":         {mComment, func(s *scanner, n *Node) bool { return s.stringValue(&n.Comment, false) }},
+	"tenant":          {mTenant, func(s *scanner, n *Node) bool { return s.stringValue(&n.Tenant, true) }},
+	"requestor":       {mRequestor, func(s *scanner, n *Node) bool { return s.stringValue(&n.Requestor, true) }},
+	"reason":          {mReason, func(s *scanner, n *Node) bool { return s.stringValue(&n.Reason, true) }},
+	"instance_down":   {mInstanceDown, func(s *scanner, n *Node) bool { return s.stringValue(&n.InstanceDown, true) }},
+	"owner":           {mOwner, func(s *scanner, n *Node) bool { return s.stringValue(&n.Owner, true) }},
+	"zookeeper_id":    {mZooKeeperID, func(s *scanner, n *Node) bool { return s.stringValue(&n.ZooKeeperID, false) }},
+	"state": {mState, func(s *scanner, n *Node) bool {
+		var v string
+		ok := s.stringValue(&v, true)
+		n.State = NodeState(v)
+		return ok
+	}},
+	"labels":          {mLabels, func(s *scanner, n *Node) bool { return s.strings(&n.Labels, true) }},
+	"host_keys":       {mHostKeys, func(s *scanner, n *Node) bool { return s.strings(&n.HostKeys, false) }},
+	"connection_port": {mConnectionPort, func(s *scanner, n *Node) bool { return s.int(&n.ConnectionPort) }},
+	"attempt":         {mAttempt, func(s *scanner, n *Node) bool { return s.int(&n.Attempt) }},
+	"lease_until":     {mLeaseUntil, func(s *scanner, n *Node) bool { return s.timePtr(&n.LeaseUntil) }},
+	"hold_expiration": {mHoldExpiration, func(s *scanner, n *Node) bool { return s.timePtr(&n.HoldExpiration) }},
+	"created":         {mCreated, func(s *scanner, n *Node) bool { return s.time(&n.Created) }},
+	"state_time":      {mStateTime, func(s *scanner, n *Node) bool { return s.time(&n.StateTime) }},
+	"resources":       {mResources, func(s *scanner, n *Node) bool { return s.resources(&n.Resources) }},
+	"attributes":      {mAttributes, func(s *scanner, n *Node) bool { return s.attributes(&n.Attributes) }},
+	"driver_data":     {mDriverData, func(s *scanner, n *Node) bool { return s.raw((*[]byte)(&n.DriverData)) }},
+	"user_data":       {mUserData, func(s *scanner, n *Node) bool { return s.raw((*[]byte)(&n.UserData)) }},
+	// An object: the general decoder reads it.
+	"kubernetes": {mKubernetes, func(s *scanner, _ *Node) bool { return s.null() }},
 }
 
 // node reads the object of a node record into n.
@@ -159,11 +152,11 @@ func (s *scanner) node(n *Node) bool {
 		if !ok || !s.next(':') {
 			return false
 		}
-		bit, ok := s.member(n, name)
-		if !ok || seen&(1<<bit) != 0 {
+		m, known := nodeMembers[string(name)]
+		if !known || seen&(1<<m.bit) != 0 || !m.read(s, n) {
 			return false
 		}
-		seen |= 1 << bit
+		seen |= 1 << m.bit
 		if s.next('}') {
 			return true
 		}
@@ -171,48 +164,6 @@ func (s *scanner) node(n *Node) bool {
 			return false
 		}
 	}
-}
-
-// member reads the value of the member name into n, and says which member
-// it was.
-func (s *scanner) member(n *Node, name []byte) (int, bool) {
-	if p, bit, shared := stringMember(n, name); p != nil {
-		return bit, s.stringValue(p, shared)
-	}
-	switch string(name) {
-	case "state":
-		var v string
-		ok := s.stringValue(&v, true)
-		n.State = NodeState(v)
-		return mState, ok
-	case "labels":
-		return mLabels, s.strings(&n.Labels, true)
-	case "host_keys":
-		return mHostKeys, s.strings(&n.HostKeys, false)
-	case "connection_port":
-		return mConnectionPort, s.int(&n.ConnectionPort)
-	case "attempt":
-		return mAttempt, s.int(&n.Attempt)
-	case "lease_until":
-		return mLeaseUntil, s.timePtr(&n.LeaseUntil)
-	case "hold_expiration":
-		return mHoldExpiration, s.timePtr(&n.HoldExpiration)
-	case "created":
-		return mCreated, s.time(&n.Created)
-	case "state_time":
-		return mStateTime, s.time(&n.StateTime)
-	case "resources":
-		return mResources, s.resources(&n.Resources)
-	case "attributes":
-		return mAttributes, s.attributes(&n.Attributes)
-	case "driver_data":
-		return mDriverData, s.raw((*[]byte)(&n.DriverData))
-	case "user_data":
-		return mUserData, s.raw((*[]byte)(&n.UserData))
-	case "kubernetes":
-		return mKubernetes, s.null() // an object: the general decoder reads it
-	}
-	return 0, false
 }
 
 // scanner reads JSON from b at i.
@@ -420,46 +371,57 @@ func (s *scanner) timePtr(p **time.Time) bool {
 // parseUTC parses 2006-01-02T15:04:05Z with 0 to 9 digits of fraction,
 // each field in its range (a day of the month that month has).
 func parseUTC(v []byte) (time.Time, bool) {
-	if len(v) < 20 || v[4] != '-' || v[7] != '-' || v[10] != 'T' || v[13] != ':' || v[16] != ':' || v[len(v)-1] != 'Z' {
+	if len(v) < 20 || !bytes.Equal([]byte{v[4], v[7], v[10], v[13], v[16]}, []byte("--T::")) || v[len(v)-1] != 'Z' {
 		return time.Time{}, false
 	}
-	num := func(b []byte) (int, bool) {
-		n := 0
-		for _, c := range b {
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			n = n*10 + int(c-'0')
-		}
-		return n, true
-	}
-	year, ok1 := num(v[0:4])
-	month, ok2 := num(v[5:7])
-	day, ok3 := num(v[8:10])
-	hour, ok4 := num(v[11:13])
-	minute, ok5 := num(v[14:16])
-	sec, ok6 := num(v[17:19])
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 {
-		return time.Time{}, false
-	}
-	nsec := 0
-	if frac := v[19 : len(v)-1]; len(frac) > 0 {
-		if frac[0] != '.' || len(frac) < 2 || len(frac) > 10 {
-			return time.Time{}, false
-		}
-		f, ok := num(frac[1:])
+	// year, month, day, hour, minute, second: where each starts and ends
+	var f [6]int
+	for i, at := range [...][2]int{{0, 4}, {5, 7}, {8, 10}, {11, 13}, {14, 16}, {17, 19}} {
+		n, ok := decimal(v[at[0]:at[1]])
 		if !ok {
 			return time.Time{}, false
 		}
-		for range 10 - len(frac) {
-			f *= 10
-		}
-		nsec = f
+		f[i] = n
 	}
-	if month < 1 || month > 12 || day < 1 || day > daysIn(month, year) || hour > 23 || minute > 59 || sec > 59 {
+	nsec, ok := fraction(v[19 : len(v)-1])
+	if !ok || !inRange(f) {
 		return time.Time{}, false
 	}
-	return time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC), true
+	return time.Date(f[0], time.Month(f[1]), f[2], f[3], f[4], f[5], nsec, time.UTC), true
+}
+
+// inRange reports whether a year, month, day, hour, minute and second
+// are a time there is.
+func inRange(f [6]int) bool {
+	return f[1] >= 1 && f[1] <= 12 && f[2] >= 1 && f[2] <= daysIn(f[1], f[0]) && f[3] <= 23 && f[4] <= 59 && f[5] <= 59
+}
+
+// decimal reads digits.
+func decimal(b []byte) (int, bool) {
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// fraction reads a fraction of a second (".5", ".123456789", or nothing)
+// as nanoseconds.
+func fraction(b []byte) (int, bool) {
+	if len(b) == 0 {
+		return 0, true
+	}
+	if b[0] != '.' || len(b) < 2 || len(b) > 10 {
+		return 0, false
+	}
+	f, ok := decimal(b[1:])
+	for range 10 - len(b) {
+		f *= 10
+	}
+	return f, ok
 }
 
 func daysIn(month, year int) int {
@@ -490,36 +452,8 @@ func (s *scanner) resources(r *Resources) bool {
 	var seen uint8
 	for {
 		name, ok := s.str()
-		if !ok || !s.next(':') {
+		if !ok || !s.next(':') || !s.resource(&out, &seen, name) {
 			return false
-		}
-		var p *int
-		var bit uint8
-		switch string(name) {
-		case "cores":
-			p, bit = &out.Cores, 1
-		case "ram":
-			p, bit = &out.RAM, 2
-		case "instances":
-			p, bit = &out.Instances, 4
-		default:
-			if _, dup := out.Other[string(name)]; dup {
-				return false
-			}
-			var v int
-			if !s.int(&v) {
-				return false
-			}
-			if out.Other == nil {
-				out.Other = map[string]int{}
-			}
-			out.Other[text(name, true)] = v
-		}
-		if p != nil {
-			if seen&bit != 0 || !s.int(p) {
-				return false
-			}
-			seen |= bit
 		}
 		if s.next('}') {
 			*r = out
@@ -529,6 +463,36 @@ func (s *scanner) resources(r *Resources) bool {
 			return false
 		}
 	}
+}
+
+// resource reads the value of one member of a node's resources into r;
+// seen has a bit for each of cores, ram and instances read.
+func (s *scanner) resource(r *Resources, seen *uint8, name []byte) bool {
+	var p *int
+	var bit uint8
+	switch string(name) {
+	case "cores":
+		p, bit = &r.Cores, 1
+	case "ram":
+		p, bit = &r.RAM, 2
+	case "instances":
+		p, bit = &r.Instances, 4
+	default:
+		var v int
+		if _, dup := r.Other[string(name)]; dup || !s.int(&v) {
+			return false
+		}
+		if r.Other == nil {
+			r.Other = map[string]int{}
+		}
+		r.Other[text(name, true)] = v
+		return true
+	}
+	if *seen&bit != 0 || !s.int(p) {
+		return false
+	}
+	*seen |= bit
+	return true
 }
 
 // attributes reads an object of strings, or null.
