@@ -163,6 +163,9 @@ func (c *Client) Buckets() *kv.Buckets { return c.b }
 // JetStream is the client's JetStream context.
 func (c *Client) JetStream() jetstream.JetStream { return c.js }
 
+// Conn is the client's NATS connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
 // Submit publishes a request and returns its id. The publish is
 // acknowledged by the stream, and tried again with the same Nats-Msg-Id
 // while the cluster elects a leader, until ctx ends.

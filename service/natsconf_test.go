@@ -124,6 +124,7 @@ func TestProductionNatsConfig(t *testing.T) {
 		{"take a lease", "$KV.nodepool-locks.pool.p.main"},
 		{"write an image record", "$KV.nodepool-images.debian"},
 		{"trigger an image build", "nodepool.builds.debian"},
+		{"have a launcher make a table (it reads the buckets itself)", "nodepool.status.node-list"},
 		{"trigger an upload", "nodepool.uploads.debian.p"},
 		{"ask for a node's launch", "nodepool.work.p.launch.abc"},
 		{"take a launch", "$JS.API.CONSUMER.MSG.NEXT.NODEPOOL_WORK.launch-p"},

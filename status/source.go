@@ -106,7 +106,14 @@ func Load(ctx context.Context, src Source, name string, o Options) (*Table, erro
 		}
 		return ImageStatus(ImageStatusInput{Names: names, Paused: paused, BuildRequests: pending, Builds: builds}, o.Now), nil
 	}
-	return nil, fmt.Errorf("no table %q; expected one of: %s", name, strings.Join(Tables, ", "))
+	return nil, &unknownTableError{name}
+}
+
+// unknownTableError names a table there is not.
+type unknownTableError struct{ name string }
+
+func (e *unknownTableError) Error() string {
+	return fmt.Sprintf("no table %q; expected one of: %s", e.name, strings.Join(Tables, ", "))
 }
 
 // liveness reads the live components once.

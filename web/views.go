@@ -85,8 +85,45 @@ func values[T any](c *kv.Cache[T]) []T {
 	return out
 }
 
-// Source reads the tables' records from the caches.
-func (v *Views) Source() status.Source { return cacheSource{v} }
+// Source reads the tables' records from the caches, and brings them up
+// to date with the buckets when asked (status.Serve does).
+func (v *Views) Source() status.SyncedSource { return cacheSource{v} }
+
+// WaitSynced waits until the caches of nodes, requests and components
+// hold every record their buckets had when they started.
+func (v *Views) WaitSynced(ctx context.Context) error {
+	for _, c := range []interface{ WaitSynced(context.Context) error }{v.Nodes, v.Requests, v.Components} {
+		if err := c.WaitSynced(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type syncer interface{ Sync(context.Context) error }
+
+// Sync brings the caches a table is made of up to date with their
+// buckets.
+func (s cacheSource) Sync(ctx context.Context, table string) error {
+	v := s.v
+	var caches []syncer
+	switch table {
+	case "node-list":
+		caches = []syncer{v.Nodes, v.Components}
+	case "request-list":
+		caches = []syncer{v.Requests}
+	case "label-list":
+		caches = []syncer{v.Components}
+	default: // the image tables
+		caches = []syncer{v.Images, v.Builds, v.Uploads}
+	}
+	for _, c := range caches {
+		if err := c.Sync(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 type cacheSource struct{ v *Views }
 

@@ -1,7 +1,8 @@
 package main
 
 import (
-	"fmt"
+	"errors"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,11 +13,16 @@ import (
 // tableCmd is a command that prints one of Nodepool's tables (list,
 // request-list, label-list, image-list, dib-image-list, image-status), the
 // same table the web API serves under the same name: bordered text, or JSON
-// objects with --json; --fields picks and orders the columns.
+// objects with --json; --fields picks and orders the columns. A running
+// nodepool process makes the table from its caches, brought up to date
+// with the buckets first (status.Serve); the command reads the buckets
+// itself when none answers, when its credentials may not ask (a
+// requestor's), or with --from-buckets.
 func (a *app) tableCmd(use, table, short string) *cobra.Command {
 	var (
-		asJSON, detail bool
-		fields         string
+		q           status.Query
+		fields      string
+		fromBuckets bool
 	)
 	cmd := &cobra.Command{
 		Use:   use,
@@ -29,6 +35,14 @@ func (a *app) tableCmd(use, table, short string) *cobra.Command {
 				return err
 			}
 			defer c.Close()
+			q.Fields = status.ParseFields(fields)
+			if !fromBuckets {
+				err := status.Fetch(ctx, c.Conn(), table, q, tableWait, a.out)
+				if !errors.Is(err, status.ErrNoServer) {
+					return err
+				}
+				a.logger().Debug("reading the buckets", "table", table, "because", err)
+			}
 			// The configuration adds its images and their pause to the
 			// image tables; without one the records say all there is.
 			cfg, _ := config.Load(a.settings.Config)
@@ -36,27 +50,24 @@ func (a *app) tableCmd(use, table, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sel := status.ParseFields(fields)
-			if _, err := t.Select(sel); err != nil {
-				return fmt.Errorf("--fields: %w", err)
-			}
-			if asJSON {
-				return t.WriteJSON(a.out, sel)
-			}
-			if len(sel) == 0 && !detail {
-				sel = t.Default
-			}
-			return t.WriteText(a.out, sel)
+			return q.Write(a.out, t)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print JSON objects, as the web API does with Accept: application/json")
+	f.BoolVar(&q.JSON, "json", false, "print JSON objects, as the web API does with Accept: application/json")
 	f.StringVar(&fields, "fields", "", "comma separated fields to show, in that order (as the web API's ?fields=)")
+	f.BoolVar(&fromBuckets, "from-buckets", false, "read the records from the buckets, instead of asking a running nodepool process for the table")
 	if table == "node-list" || table == "request-list" {
-		f.BoolVar(&detail, "detail", false, "show every field")
+		f.BoolVar(&q.Detail, "detail", false, "show every field")
 	}
 	return cmd
 }
+
+// tableWait bounds the wait for a running process to send a table (one of
+// 100,000 nodes takes it about a second); without an answer the CLI reads
+// the buckets itself. No process, or credentials that may not ask, are
+// known at once.
+const tableWait = 10 * time.Second
 
 func (a *app) listCmd() *cobra.Command {
 	return a.tableCmd("list", "node-list", "List nodes (the web API's /node-list)")

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -87,6 +89,24 @@ func TestCLIOperations(t *testing.T) {
 	// A held node is refused by return and delete without --force.
 	if _, errOut, code := nodepool(t, cli, "hold", ready.ID, "--reason", "look at it"); code != 0 {
 		t.Fatalf("hold: %s", errOut)
+	}
+	// The launcher serves the table (the CLI does not read the buckets),
+	// brought up to date first: the hold just written is in it. Read
+	// from the buckets, the same line.
+	debug := maps.Clone(cli)
+	debug["NODEPOOL_LOG_LEVEL"] = "debug"
+	for _, args := range [][]string{{"list"}, {"list", "--from-buckets"}} {
+		out, errOut, code := nodepool(t, debug, append(args, "--json", "--fields", "id,state,comment")...)
+		var rows []map[string]any
+		_ = json.Unmarshal([]byte(out), &rows)
+		if code != 0 || !slices.ContainsFunc(rows, func(r map[string]any) bool {
+			return r["id"] == ready.ID && r["state"] == "hold" && r["comment"] == "look at it"
+		}) {
+			t.Errorf("%v right after the hold: code %d %s\n%s", args, code, errOut, out)
+		}
+		if len(args) == 1 && strings.Contains(errOut, "reading the buckets") {
+			t.Errorf("list read the buckets instead of asking the launcher: %s", errOut)
+		}
 	}
 	for _, verb := range []string{"return", "delete"} {
 		_, errOut, code := nodepool(t, cli, verb, ready.ID)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodepool-nats/nodepool/config"
 	"github.com/nodepool-nats/nodepool/service"
+	"github.com/nodepool-nats/nodepool/status"
 	"github.com/nodepool-nats/nodepool/web"
 )
 
@@ -116,6 +117,7 @@ func (a *app) run(ctx context.Context) error {
 	if s.HTTPAddr != "" {
 		views := processViews(p, log)
 		go views.Run(ctx)
+		go serveTables(ctx, p, views, rl.current, log)
 		h := web.Handler(web.Options{Views: views, Config: rl.current, Ready: p.Ready, Alive: p.Alive, Metrics: metricsHandler(p),
 			ID: s.ID, Roles: s.Roles, Connected: p.Conn().IsConnected, Log: log})
 		srv, err := serve(s.HTTPAddr, h, log, "status API", "NODEPOOL_HTTP_ADDR (or webapp in nodepool.yaml)")
@@ -177,6 +179,23 @@ func processViews(p *service.Process, log *slog.Logger) *web.Views {
 		shared.Providers = pv.Providers(b, log)
 	}
 	return web.NewViews(p.JetStream(), b, shared, log)
+}
+
+// serveTables answers `nodepool list` and the other tables' commands over
+// NATS from the process's caches, once they hold every record (a process
+// that is still reading them leaves the queries to the others).
+func serveTables(ctx context.Context, p *service.Process, views *web.Views, cfg func() *config.Config, log *slog.Logger) {
+	if err := views.WaitSynced(ctx); err != nil {
+		return
+	}
+	opts := func() status.Options { return status.Options{Config: cfg()} }
+	stop, err := status.Serve(p.Conn(), views.Source(), status.ServeOptions{Options: opts, Log: log})
+	if err != nil {
+		log.Warn("the tables are not served over NATS; `nodepool list` reads the buckets itself", "err", err)
+		return
+	}
+	<-ctx.Done()
+	stop()
 }
 
 func natsDescription(s config.Settings) string {
