@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -114,10 +115,17 @@ func (a *app) run(ctx context.Context) error {
 	rl := &reloader{a: a, s: s, p: p, log: log, live: cfg}
 	rl.sum = rl.digest()
 	var servers []*http.Server
-	if s.HTTPAddr != "" {
-		views := processViews(p, log)
+	// A launcher serves the tables over NATS from the caches it keeps
+	// anyway; a process with the status port serves them from the caches
+	// the port keeps. A builder without the port keeps no caches of nodes
+	// for them.
+	var views *web.Views
+	if s.HTTPAddr != "" || slices.Contains(s.Roles, config.RoleLauncher) {
+		views = processViews(p, log)
 		go views.Run(ctx)
 		go serveTables(ctx, p, views, rl.current, log)
+	}
+	if s.HTTPAddr != "" {
 		h := web.Handler(web.Options{Views: views, Config: rl.current, Ready: p.Ready, Alive: p.Alive, Metrics: metricsHandler(p),
 			ID: s.ID, Roles: s.Roles, Connected: p.Conn().IsConnected, Log: log})
 		srv, err := serve(s.HTTPAddr, h, log, "status API", "NODEPOOL_HTTP_ADDR (or webapp in nodepool.yaml)")
@@ -183,7 +191,9 @@ func processViews(p *service.Process, log *slog.Logger) *web.Views {
 
 // serveTables answers `nodepool list` and the other tables' commands over
 // NATS from the process's caches, once they hold every record (a process
-// that is still reading them leaves the queries to the others).
+// that is still reading them leaves the queries to the others; the
+// caller's --from-buckets or its wait of 10 s covers a process that never
+// gets there).
 func serveTables(ctx context.Context, p *service.Process, views *web.Views, cfg func() *config.Config, log *slog.Logger) {
 	if err := views.WaitSynced(ctx); err != nil {
 		return
