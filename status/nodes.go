@@ -60,31 +60,22 @@ func LauncherName(id string, alive Liveness) string {
 }
 
 // SortNodes orders nodes by creation, then id.
-func SortNodes(nodes []kv.Node) {
-	// Sorted by index, then each node moved once: a node is hundreds of
-	// bytes, and sorting 100,000 of them in place moves each some 17 times.
-	from := make([]int, len(nodes)) // from[i]: the node that goes to i
-	for i := range from {
-		from[i] = i
-	}
-	slices.SortFunc(from, func(x, y int) int {
-		if c := nodes[x].Created.Compare(nodes[y].Created); c != 0 {
+func SortNodes(nodes []*kv.Node) {
+	slices.SortFunc(nodes, func(x, y *kv.Node) int {
+		if c := x.Created.Compare(y.Created); c != 0 {
 			return c
 		}
-		return strings.Compare(nodes[x].ID, nodes[y].ID)
+		return strings.Compare(x.ID, y.ID)
 	})
-	for i := range from {
-		if from[i] < 0 || from[i] == i {
-			continue
-		}
-		held, j := nodes[i], i
-		for from[j] != i {
-			k := from[j]
-			nodes[j], from[j] = nodes[k], -1
-			j = k
-		}
-		nodes[j], from[j] = held, -1
+}
+
+// Pointers points at each node of a slice, in order.
+func Pointers(nodes []kv.Node) []*kv.Node {
+	out := make([]*kv.Node, len(nodes))
+	for i := range nodes {
+		out[i] = &nodes[i]
 	}
+	return out
 }
 
 // nodeCells gives each column's cell of a node, in NodeColumns' order.
@@ -129,9 +120,10 @@ var nodeCells = []func(n *kv.Node, alive Liveness, now time.Time) Cell{
 	func(n *kv.Node, _ Liveness, _ time.Time) Cell { return text(n.ZooKeeperID) },
 }
 
-// NodeList is node-list of the given nodes (in their order). Its cells are
-// made only for the columns shown.
-func NodeList(nodes []kv.Node, alive Liveness, now time.Time) *Table {
+// NodeList is node-list of the given nodes (in their order), which it
+// reads without changing (a cache's records). Its cells are made only for
+// the columns shown.
+func NodeList(nodes []*kv.Node, alive Liveness, now time.Time) *Table {
 	return &Table{Columns: NodeColumns, Default: NodeListDefault, N: len(nodes),
-		At: func(row, col int) Cell { return nodeCells[col](&nodes[row], alive, now) }}
+		At: func(row, col int) Cell { return nodeCells[col](nodes[row], alive, now) }}
 }

@@ -31,8 +31,8 @@ type memSource struct {
 // every Sync through.
 type gate struct{ entered, open chan struct{} }
 
-func (s *memSource) Nodes(context.Context) ([]kv.Node, error) {
-	return append([]kv.Node(nil), s.nodes...), nil
+func (s *memSource) Nodes(context.Context) ([]*kv.Node, error) {
+	return status.Pointers(s.nodes), nil
 }
 
 func (s *memSource) Requests(context.Context) ([]kv.Request, error) {

@@ -18,7 +18,8 @@ import (
 // Source gives the records the tables are made of: the CLI reads them from
 // the buckets (Buckets), the web API from the watch caches of its process.
 type Source interface {
-	Nodes(ctx context.Context) ([]kv.Node, error)
+	// Nodes are the node records, to be read, not changed.
+	Nodes(ctx context.Context) ([]*kv.Node, error)
 	Requests(ctx context.Context) ([]kv.Request, error)
 	Components(ctx context.Context) ([]kv.Component, error)
 	DiskImages(ctx context.Context) ([]kv.DiskImage, error)
@@ -54,7 +55,7 @@ func Load(ctx context.Context, src Source, name string, o Options) (*Table, erro
 			return nil, err
 		}
 		if o.NodeID != "" {
-			nodes = slices.DeleteFunc(nodes, func(n kv.Node) bool { return n.ID != o.NodeID })
+			nodes = slices.DeleteFunc(nodes, func(n *kv.Node) bool { return n.ID != o.NodeID })
 		}
 		alive, err := liveness(ctx, src)
 		if err != nil {
@@ -183,8 +184,9 @@ type Buckets struct {
 }
 
 // Nodes lists the node records.
-func (b Buckets) Nodes(ctx context.Context) ([]kv.Node, error) {
-	return b.Buckets.Nodes.Values(ctx)
+func (b Buckets) Nodes(ctx context.Context) ([]*kv.Node, error) {
+	nodes, err := b.Buckets.Nodes.Values(ctx)
+	return Pointers(nodes), err
 }
 
 // Requests lists the request records.

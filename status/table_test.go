@@ -129,7 +129,7 @@ func TestNodeListLiveness(t *testing.T) {
 		{ID: "d", State: kv.NodeReady, Launcher: "alive-1", Created: now, StateTime: now},
 	}
 	alive := func(id string) bool { return id == "alive-1" }
-	tb := status.NodeList(nodes, alive, now)
+	tb := status.NodeList(status.Pointers(nodes), alive, now)
 	var b bytes.Buffer
 	if err := tb.WriteJSON(&b, []string{"id", "launcher", "locked", "age", "node_age"}); err != nil {
 		t.Fatal(err)
@@ -163,8 +163,9 @@ func BenchmarkNodeList10k(b *testing.B) {
 	var out bytes.Buffer
 	for b.Loop() {
 		out.Reset()
-		status.SortNodes(nodes)
-		if err := status.NodeList(nodes, alive, now).WriteText(&out, status.NodeListDefault); err != nil {
+		ns := status.Pointers(nodes)
+		status.SortNodes(ns)
+		if err := status.NodeList(ns, alive, now).WriteText(&out, status.NodeListDefault); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -172,7 +173,7 @@ func BenchmarkNodeList10k(b *testing.B) {
 
 func TestNodeCellsMatchColumns(t *testing.T) {
 	t.Parallel()
-	tb := status.NodeList([]kv.Node{{ID: "x"}}, func(string) bool { return false }, time.Now())
+	tb := status.NodeList([]*kv.Node{{ID: "x"}}, func(string) bool { return false }, time.Now())
 	var b bytes.Buffer
 	if err := tb.WriteJSON(&b, nil); err != nil {
 		t.Fatal(err)
@@ -194,13 +195,14 @@ func TestSortNodes(t *testing.T) {
 			nodes[i] = kv.Node{ID: fmt.Sprintf("n%04d", (i*7919)%max(n, 1)), Created: base.Add(time.Duration((i*31)%5) * time.Second)}
 			nodes[i].Hostname = nodes[i].ID
 		}
-		status.SortNodes(nodes)
-		for i := range nodes {
-			if nodes[i].Hostname != nodes[i].ID {
-				t.Fatalf("n=%d: node %d mixed up: id %s, hostname %s", n, i, nodes[i].ID, nodes[i].Hostname)
+		ns := status.Pointers(nodes)
+		status.SortNodes(ns)
+		for i := range ns {
+			if ns[i].Hostname != ns[i].ID {
+				t.Fatalf("n=%d: node %d mixed up: id %s, hostname %s", n, i, ns[i].ID, ns[i].Hostname)
 			}
 			if i > 0 {
-				p, c := nodes[i-1], nodes[i]
+				p, c := ns[i-1], ns[i]
 				if p.Created.After(c.Created) || (p.Created.Equal(c.Created) && p.ID >= c.ID) {
 					t.Fatalf("n=%d: out of order at %d: %s %v before %s %v", n, i, p.ID, p.Created, c.ID, c.Created)
 				}

@@ -23,8 +23,9 @@ func providerTables(d client.ProviderData, now time.Time) (*status.Table, *statu
 			{JSON: u.Image, Text: u.Image}, {JSON: u.BuildID, Text: u.BuildID}, {JSON: u.ID, Text: u.ID},
 			{JSON: string(u.State), Text: string(u.State)}, {JSON: u.ExternalID, Text: u.ExternalID}})
 	}
-	status.SortNodes(d.Nodes)
-	nodes := status.NodeList(d.Nodes, func(string) bool { return true }, now)
+	ns := status.Pointers(d.Nodes)
+	status.SortNodes(ns)
+	nodes := status.NodeList(ns, func(string) bool { return true }, now)
 	nodes.Default = []string{"id", "server_id", "label", "state", "age", "node_age"}
 	return uploads, nodes
 }
