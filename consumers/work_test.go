@@ -181,9 +181,14 @@ providers:
 	// The first launch holds the one slot for its 8 s boot: long enough
 	// for the purge to come while the other two wait, however busy the
 	// machine (with a 2 s boot, a loaded run saw the first launch end,
-	// and the second's message pulled, before the purge).
+	// and the second's message pulled, before the purge). All three
+	// launches published, and one of them taken (acknowledged once its
+	// machine started): two waiting. Two messages in the stream alone
+	// were once the first launch's, not yet taken, and the second's, with
+	// the third published only after the purge.
 	h.until(30*time.Second, "one launch running and two waiting in the work stream", func() bool {
-		return h.workCounts().waiting == 2
+		c := h.workCounts()
+		return c.published == 3 && c.waiting == 2
 	})
 	st, err := h.js.Stream(t.Context(), events.WorkStream)
 	if err != nil {
