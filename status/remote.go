@@ -222,7 +222,7 @@ func partSize(nc *nats.Conn) int {
 
 func answerError(nc *nats.Conn, reply string, err error, badQuery bool) {
 	m := nats.NewMsg(reply)
-	m.Header.Set(headerError, strings.ReplaceAll(err.Error(), "\n", " "))
+	m.Header.Set(headerError, strings.NewReplacer("\r", " ", "\n", " ").Replace(err.Error()))
 	if badQuery {
 		m.Header.Set(headerBadQuery, "true")
 	}
