@@ -33,8 +33,20 @@ type Views struct {
 }
 
 // NewViews completes shared (the caches the process keeps, any of them
-// nil) with caches of its own over the buckets; Run starts them all.
+// nil) with caches of its own over the buckets, and the dashboard's
+// History; Run starts them all.
 func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Logger) *Views {
+	v := NewTableViews(js, b, shared, log)
+	v.History = NewHistory(nil)
+	v.Nodes.Observe(v.History.ObserveNode)
+	v.Requests.Observe(v.History.ObserveRequest)
+	return v
+}
+
+// NewTableViews is NewViews without the History: what the tables served
+// over NATS read (status.Serve), for a process without the status port.
+// Handler needs NewViews.
+func NewTableViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Logger) *Views {
 	v := shared
 	v.js = js
 	own(&v.Nodes, b.Nodes, log)
@@ -44,9 +56,6 @@ func NewViews(js jetstream.JetStream, b *kv.Buckets, shared Views, log *slog.Log
 		img := b.ImageCaches(log)
 		v.Images, v.Builds, v.Uploads = img.Images, img.Builds, img.Uploads
 	}
-	v.History = NewHistory(nil)
-	v.Nodes.Observe(v.History.ObserveNode)
-	v.Requests.Observe(v.History.ObserveRequest)
 	if b.Providers != nil {
 		own(&v.Providers, b.Providers, log)
 	}

@@ -121,7 +121,7 @@ func (a *app) run(ctx context.Context) error {
 	// for them.
 	var views *web.Views
 	if s.HTTPAddr != "" || slices.Contains(s.Roles, config.RoleLauncher) {
-		views = processViews(p, log)
+		views = processViews(p, s.HTTPAddr != "", log)
 		go views.Run(ctx)
 		go serveTables(ctx, p, views, rl.current, log)
 	}
@@ -178,13 +178,18 @@ func serve(addr string, h http.Handler, log *slog.Logger, what, setting string) 
 
 // processViews are the web API's caches: the process's, shared with its
 // roles and drivers (one watch per bucket).
-func processViews(p *service.Process, log *slog.Logger) *web.Views {
+// Without the status port (dashboard false) they are the tables' alone,
+// without the dashboard's history of every change.
+func processViews(p *service.Process, dashboard bool, log *slog.Logger) *web.Views {
 	pv, b := p.Views(), p.Buckets()
 	img := pv.Images(b, log)
 	shared := web.Views{Nodes: pv.Nodes(b, log), Requests: pv.Requests(b, log), Components: pv.Components(b, log),
 		Images: img.Images, Builds: img.Builds, Uploads: img.Uploads}
 	if b.Providers != nil {
 		shared.Providers = pv.Providers(b, log)
+	}
+	if !dashboard {
+		return web.NewTableViews(p.JetStream(), b, shared, log)
 	}
 	return web.NewViews(p.JetStream(), b, shared, log)
 }
